@@ -1,0 +1,53 @@
+"""The enqueue side: explicit raisers, the runbook's force-recalc and poison requeue.
+
+Row-level raisers need none of this: triggers on property_objects, layouts and buildings call
+`chessboard.request_project_recalc` in the writer's own transaction (migration 0001).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from uuid import UUID
+
+import psycopg
+
+from pin_pipelines.db import connection, queries
+from pin_pipelines.errors import PinError
+
+
+class RecalcReason(StrEnum):
+    """RecalcTriggerReason of the spec, plus the two operator paths (varchar(32))."""
+
+    PROPERTY_OBJECT_STATUS_CHANGED = "PropertyObjectStatusChanged"
+    PROPERTY_OBJECT_PRICE_CHANGED = "PropertyObjectPriceChanged"
+    PROPERTY_OBJECT_UPSERTED = "PropertyObjectUpserted"
+    LAYOUT_CHANGED = "LayoutChanged"
+    TALENT_SYNC = "TalentSync"
+    CRUD = "Crud"
+    MANUAL = "Manual"
+    RECONCILE = "Reconcile"
+
+
+def request_recalc(conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason) -> None:
+    """Debounced request in the caller's transaction (the spec's raiser contract)."""
+    conn.execute(
+        "SELECT chessboard.request_project_recalc(%s, %s, %s)", (project_id, tenant_id, str(reason))
+    )
+
+
+def force_recalc(dsn: str, project_id: UUID, reason: RecalcReason = RecalcReason.MANUAL) -> None:
+    """Runbook "ручной форс-пересчёт": upsert the queue row with due_at = now()."""
+    with connection(dsn) as conn, conn.transaction():
+        cursor = conn.execute(
+            "SELECT 1 FROM chessboard.projects WHERE id = %s", (project_id,)
+        )
+        if cursor.fetchone() is None:
+            raise PinError(f"project {project_id} does not exist")
+        queries("recalc").force_request(conn, project_id=project_id, reason=str(reason))
+
+
+def requeue_poisoned(dsn: str, project_id: UUID) -> None:
+    """Runbook for a poison row: attempt_count = 0, last_error = null, due_at = now()."""
+    with connection(dsn) as conn, conn.transaction():
+        if not queries("recalc").requeue_request(conn, project_id=project_id):
+            raise PinError(f"project {project_id} has no row in the recalc queue")

@@ -1,0 +1,250 @@
+"""The `pin` command (contract section 2). Every command calls the same core as the Dagster
+definitions; failures print one line on stderr and exit non-zero, never a bare traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, NoReturn
+from uuid import UUID
+
+from pin_pipelines.config import Settings
+from pin_pipelines.errors import PinError
+from pin_pipelines.logs import configure_cli_logging
+
+Handler = Callable[[argparse.Namespace, Settings], Any]
+
+
+def _uuid(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
+
+
+def _uuid_list(value: str) -> list[UUID]:
+    return [_uuid(part.strip()) for part in value.split(",") if part.strip()]
+
+
+def _summary(obj: Any) -> None:
+    """The JSON summary is the last line on stdout (contract)."""
+    print(json.dumps(obj, default=str, ensure_ascii=False), flush=True)
+
+
+# --- stack -----------------------------------------------------------------------------------
+
+def cmd_stack(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.stack import services
+
+    action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
+    results = action(settings, clickhouse_server=args.clickhouse_server)
+    for result in results:
+        print(services.describe(result), file=sys.stderr)
+    _summary({"services": results})
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.serve import serve
+
+    serve(settings)
+
+
+def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.migrate import migrate_all
+
+    _summary(migrate_all(settings))
+
+
+def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.chessboard.sample import load_sample
+
+    _summary(load_sample(settings.pg_dsn, projects=args.projects))
+
+
+# --- recalc ----------------------------------------------------------------------------------
+
+def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc
+
+    try:
+        reason = RecalcReason(args.reason)
+    except ValueError:
+        choices = ", ".join(r.value for r in RecalcReason)
+        raise PinError(f"--reason must be one of: {choices}") from None
+    force_recalc(settings.pg_dsn, args.project_id, reason)
+    _summary({"requested": str(args.project_id), "reason": reason.value})
+
+
+def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.chessboard.drain import drain_tick
+
+    stop = _graceful_stop()
+    _summary(drain_tick(settings.pg_dsn, batch_size=args.batch_size, should_stop=stop).as_dict())
+
+
+def cmd_recalc_requeue(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.chessboard.enqueue import requeue_poisoned
+
+    requeue_poisoned(settings.pg_dsn, args.project_id)
+    _summary({"requeued": str(args.project_id)})
+
+
+def _graceful_stop() -> Callable[[], bool]:
+    """SIGTERM/SIGINT finish the project in hand; the rest of the batch stays queued."""
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return lambda: stopping
+
+
+# --- outbox, devstats, reconcile -------------------------------------------------------------
+
+def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.relay import relay_once
+
+    _summary(relay_once(settings).as_dict())
+
+
+def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.devstats.loader import load_once
+
+    _summary(load_once(settings).as_dict())
+
+
+def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.clickhouse import open_clickhouse
+    from pin_pipelines.devstats.labels import labels
+
+    if not args.ids:
+        raise PinError("--ids needs at least one UUID")
+    with open_clickhouse(settings.clickhouse_url) as ch:
+        _summary(labels(ch, args.developer_id, args.ids))
+
+
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.reconcile import reconcile
+
+    _summary(reconcile(settings, repair=args.repair).as_dict())
+
+
+def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.metrics import serve_metrics
+
+    serve_metrics(settings, port=args.port)
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line on stderr, like every other failure (`-h` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="pin", description=__doc__)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_OneLineParser
+    )
+
+    stack = sub.add_parser("stack", help="local services: PostgreSQL, Kafka, ClickHouse server")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    stack.add_argument(
+        "--clickhouse-server", action="store_true",
+        help="also manage the Debian clickhouse-server (implied by a local clickhouse:// URL)",
+    )
+    stack.set_defaults(handler=cmd_stack)
+
+    serve = sub.add_parser("serve", help="dagster-daemon + dagster-webserver until interrupted")
+    serve.set_defaults(handler=cmd_serve)
+
+    db = sub.add_parser("db", help="schema").add_subparsers(dest="db_command", required=True)
+    migrate = db.add_parser("migrate", help="PostgreSQL schema, ClickHouse database, Kafka topics")
+    migrate.set_defaults(handler=cmd_db_migrate)
+
+    sample = sub.add_parser("sample", help="demo data").add_subparsers(dest="sample_command", required=True)
+    sample_load = sample.add_parser("load", help="insert random demo projects (raisers enqueue them)")
+    sample_load.add_argument("--projects", type=int, default=20)
+    sample_load.set_defaults(handler=cmd_sample_load)
+
+    recalc = sub.add_parser("recalc", help="the aggregates recalc queue").add_subparsers(
+        dest="recalc_command", required=True
+    )
+    request = recalc.add_parser("request", help="force-recalc a project now")
+    request.add_argument("--project-id", type=_uuid, required=True)
+    request.add_argument("--reason", default="Manual")
+    request.set_defaults(handler=cmd_recalc_request)
+    drain = recalc.add_parser("drain", help="drain due rows")
+    drain.add_argument("--once", action="store_true", required=True, help="one worker tick")
+    drain.add_argument("--batch-size", type=int, default=None)
+    drain.set_defaults(handler=cmd_recalc_drain)
+    requeue = recalc.add_parser("requeue", help="reset a poison row and make it due now")
+    requeue.add_argument("--project-id", type=_uuid, required=True)
+    requeue.set_defaults(handler=cmd_recalc_requeue)
+
+    outbox = sub.add_parser("outbox", help="transactional outbox").add_subparsers(
+        dest="outbox_command", required=True
+    )
+    relay = outbox.add_parser("relay", help="publish committed outbox events to Kafka")
+    relay.add_argument("--once", action="store_true", required=True)
+    relay.set_defaults(handler=cmd_outbox_relay)
+
+    devstats = sub.add_parser("devstats", help="dev-stats dimension").add_subparsers(
+        dest="devstats_command", required=True
+    )
+    load = devstats.add_parser("load", help="Kafka → ClickHouse dim_layout_group")
+    load.add_argument("--once", action="store_true", required=True)
+    load.set_defaults(handler=cmd_devstats_load)
+    labels = devstats.add_parser("labels", help="layout-group labels for one developer")
+    labels.add_argument("--developer-id", type=_uuid, required=True)
+    labels.add_argument("--ids", type=_uuid_list, required=True)
+    labels.set_defaults(handler=cmd_devstats_labels)
+
+    reconcile = sub.add_parser("reconcile", help="drift report (and repair)")
+    reconcile.add_argument("--repair", action="store_true")
+    reconcile.set_defaults(handler=cmd_reconcile)
+
+    metrics = sub.add_parser("metrics", help="Prometheus exporter").add_subparsers(
+        dest="metrics_command", required=True
+    )
+    metrics_serve = metrics.add_parser("serve", help="serve /metrics until interrupted")
+    metrics_serve.add_argument("--port", type=int, default=int(os.environ.get("PIN_METRICS_PORT", "9108")))
+    metrics_serve.set_defaults(handler=cmd_metrics_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_cli_logging()
+    try:
+        settings = Settings.from_env()
+        args.handler(args, settings)
+    except PinError as exc:
+        print(f"pin: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pin: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the contract: a one-line message, never a bare traceback
+        if os.environ.get("PIN_DEBUG"):
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"pin: error: {type(exc).__name__}: {first} (PIN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Settings from the environment (the contract's section 1); nothing is read from a config file."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pin_pipelines.errors import PinError
+
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
+DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
+
+#: The repository root when the package runs from a checkout (the normal case, editable install).
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+#: Migrations, DDL and named queries: SQL is kept as `.sql` files, not strings in Python.
+SQL_DIR = SOURCE_ROOT / "sql"
+
+
+def _default_state_dir() -> Path:
+    if (SOURCE_ROOT / "pyproject.toml").exists():
+        return SOURCE_ROOT / ".pin"
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "pin"
+
+
+@dataclass(frozen=True)
+class Settings:
+    pg_dsn: str
+    kafka_bootstrap: str
+    clickhouse_url: str
+    state_dir: Path
+    dagster_home: Path
+    dagster_port: int
+    dagster_pg_url: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        state_dir = Path(e.get("PIN_STATE_DIR") or _default_state_dir()).resolve()
+        pg_dsn = e.get("PIN_PG_DSN") or DEFAULT_PG_DSN
+        clickhouse_url = e.get("PIN_CLICKHOUSE_URL") or f"chdb://{state_dir / 'chdb'}"
+        port = e.get("PIN_DAGSTER_PORT") or "3000"
+        if not port.isdigit():
+            raise PinError(f"PIN_DAGSTER_PORT must be a port number, got {port!r}")
+        return cls(
+            pg_dsn=pg_dsn,
+            kafka_bootstrap=e.get("PIN_KAFKA_BOOTSTRAP") or DEFAULT_KAFKA_BOOTSTRAP,
+            clickhouse_url=clickhouse_url,
+            state_dir=state_dir,
+            dagster_home=Path(e.get("DAGSTER_HOME") or state_dir / "dagster_home"),
+            dagster_port=int(port),
+            dagster_pg_url=e.get("PIN_DAGSTER_PG_URL") or dagster_pg_url_from(pg_dsn),
+        )
+
+    @property
+    def pg(self) -> PgTarget:
+        return PgTarget.parse(self.pg_dsn)
+
+    @property
+    def kafka_host_port(self) -> tuple[str, int]:
+        first = self.kafka_bootstrap.split(",")[0].strip()
+        host, _, port = first.rpartition(":")
+        if not host or not port.isdigit():
+            raise PinError(f"PIN_KAFKA_BOOTSTRAP must be host:port[,host:port], got {first!r}")
+        return host, int(port)
+
+    @property
+    def kafka_is_local(self) -> bool:
+        return self.kafka_host_port[0] in LOOPBACK_HOSTS
+
+
+@dataclass(frozen=True)
+class PgTarget:
+    """The parts of a libpq URL that the local stack needs to own a cluster for it."""
+
+    host: str
+    port: int
+    user: str
+    dbname: str
+
+    @classmethod
+    def parse(cls, dsn: str) -> PgTarget:
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise PinError(f"PIN_PG_DSN must be a postgresql:// URL, got {dsn!r}")
+        try:
+            port = parts.port or 5432
+        except ValueError as exc:
+            raise PinError(f"PIN_PG_DSN has a bad port: {dsn!r}") from exc
+        return cls(
+            host=parts.hostname or "127.0.0.1",
+            port=port,
+            user=parts.username or "postgres",
+            dbname=parts.path.lstrip("/") or "pin",
+        )
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOOPBACK_HOSTS
+
+
+def dsn_with_dbname(dsn: str, dbname: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def dagster_pg_url_from(pg_dsn: str) -> str:
+    """Dagster's storage lives in a sibling database `dagster` on the same server.
+
+    It goes through psycopg2: dagster-postgres' SQL fails under SQLAlchemy with psycopg 3.
+    """
+    parts = urlsplit(dsn_with_dbname(pg_dsn, "dagster"))
+    return urlunsplit(parts._replace(scheme="postgresql+psycopg2"))

@@ -1,0 +1,1 @@
+"""Dagster wiring only: each domain's assets, jobs, sensors and checks call the plain core."""

@@ -1,0 +1,57 @@
+"""CHESSBOARD_RECALC_POISON in the UI: a failing check that names each parked project."""
+
+import dagster as dg
+
+from pin_pipelines.chessboard.queue_status import poisoned_requests
+from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+
+
+@dg.asset_check(
+    asset=CHESSBOARD_AGGREGATES,
+    description="Fails while any project_recalc_requests row is parked as poison (attempt_count ≥ 5).",
+)
+def no_poisoned_recalc_requests(pin: PinSettings) -> dg.AssetCheckResult:
+    rows = poisoned_requests(pin.get().pg_dsn)
+    table = [
+        dg.TableRecord(
+            {
+                "project_id": str(r.project_id),
+                "tenant_id": str(r.tenant_id),
+                "attempt_count": r.attempt_count,
+                "last_error": (r.last_error or "")[:300],
+                "last_reason": r.last_reason,
+            }
+        )
+        for r in rows[:50]
+    ]
+    return dg.AssetCheckResult(
+        passed=not rows,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=(
+            "CHESSBOARD_RECALC_POISON: fix the cause in last_error, then launch "
+            "requeue_poisoned_job with these project_ids" if rows else "no poisoned rows"
+        ),
+        metadata={
+            "poisoned": len(rows),
+            "project_ids": dg.MetadataValue.json([str(r.project_id) for r in rows]),
+            "rows": dg.MetadataValue.table(
+                table,
+                schema=dg.TableSchema(
+                    columns=[
+                        dg.TableColumn("project_id", "string"),
+                        dg.TableColumn("tenant_id", "string"),
+                        dg.TableColumn("attempt_count", "int"),
+                        dg.TableColumn("last_error", "string"),
+                        dg.TableColumn("last_reason", "string"),
+                    ]
+                ),
+            ),
+        },
+    )
+
+
+poison_check_job = dg.define_asset_job(
+    "recalc_poison_check_job",
+    selection=dg.AssetSelection.checks(no_poisoned_recalc_requests),
+    description="Evaluates no_poisoned_recalc_requests (scheduled every minute).",
+)

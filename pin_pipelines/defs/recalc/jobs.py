@@ -1,0 +1,101 @@
+"""The drain job and the runbook's operator jobs (launchable from the launchpad)."""
+
+
+from uuid import UUID
+
+import dagster as dg
+
+from pin_pipelines.chessboard.drain import drain_until_idle
+from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc, requeue_poisoned
+from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+
+DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
+
+
+class DrainConfig(dg.Config):  # type: ignore[misc]
+    budget_seconds: float = 25.0
+
+
+@dg.op(tags={"kind": "postgres"})
+def drain_recalc_queue(context: dg.OpExecutionContext, config: DrainConfig, pin: PinSettings) -> None:
+    """Drain due rows tick after tick until the queue is idle or the budget is spent."""
+    # A terminated run interrupts the op mid-project: that project's transaction rolls back
+    # whole and its row stays queued (the spec's cancellation rule).
+    run = drain_until_idle(pin.get().pg_dsn, budget_seconds=config.budget_seconds)
+    summary = run.as_dict()
+    metadata = {
+        "processed": summary["processed"],
+        "failed": summary["failed"],
+        "skipped_archived": summary["skipped_archived"],
+        "deferred": summary["deferred"],
+        "poisoned": summary["poisoned"],
+        "ticks": summary["ticks"],
+        "republished_project": summary["republished"]["project"],
+        "republished_layout": summary["republished"]["layout"],
+        "republished_layout_group": summary["republished"]["layout_group"],
+        "duration_p50_seconds": summary["duration_p50_seconds"],
+        "duration_p99_seconds": summary["duration_p99_seconds"],
+    }
+    context.log.info(f"drain summary: {summary}")
+    if summary["processed"] or summary["skipped_archived"]:
+        context.log_event(
+            dg.AssetMaterialization(asset_key=CHESSBOARD_AGGREGATES, metadata=metadata)
+        )
+    else:
+        context.log_event(dg.AssetObservation(asset_key=CHESSBOARD_AGGREGATES, metadata=metadata))
+    if summary["poisoned"]:
+        context.log.error(
+            f"CHESSBOARD_RECALC_POISON: {summary['poisoned']} project(s) parked after repeated "
+            "failures; see the no_poisoned_recalc_requests check and run requeue_poisoned_job"
+        )
+
+
+@dg.job(tags=DRAIN_JOB_TAGS, description="Drain due project_recalc_requests (spec 000).")
+def recalc_drain_job() -> None:
+    drain_recalc_queue()
+
+
+class ProjectIdsConfig(dg.Config):  # type: ignore[misc]
+    project_ids: list[str]
+    reason: str = RecalcReason.MANUAL.value
+
+
+def _parse_ids(raw: list[str]) -> list[UUID]:
+    try:
+        return [UUID(value) for value in raw]
+    except ValueError as exc:
+        raise dg.Failure(f"project_ids must be UUIDs: {exc}") from exc
+
+
+@dg.op
+def force_recalc_projects(context: dg.OpExecutionContext, config: ProjectIdsConfig, pin: PinSettings) -> None:
+    """Runbook "ручной форс-пересчёт": the projects' queue rows become due now."""
+    try:
+        reason = RecalcReason(config.reason)
+    except ValueError:
+        raise dg.Failure(f"reason must be one of {[r.value for r in RecalcReason]}") from None
+    for project_id in _parse_ids(config.project_ids):
+        force_recalc(pin.get().pg_dsn, project_id, reason)
+        context.log.info(f"force-recalc requested for {project_id}")
+
+
+@dg.job(description="Force-recalc projects now (config: project_ids).")
+def force_recalc_job() -> None:
+    force_recalc_projects()
+
+
+class RequeueConfig(dg.Config):  # type: ignore[misc]
+    project_ids: list[str]
+
+
+@dg.op
+def requeue_poisoned_projects(context: dg.OpExecutionContext, config: RequeueConfig, pin: PinSettings) -> None:
+    """Runbook for poison rows, after the cause is fixed: reset attempts, due now."""
+    for project_id in _parse_ids(config.project_ids):
+        requeue_poisoned(pin.get().pg_dsn, project_id)
+        context.log.info(f"requeued {project_id}")
+
+
+@dg.job(description="Requeue poisoned recalc rows after triage (config: project_ids).")
+def requeue_poisoned_job() -> None:
+    requeue_poisoned_projects()

@@ -1,0 +1,59 @@
+"""The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
+
+
+import os
+
+import dagster as dg
+
+from pin_pipelines.chessboard.drain import seconds_until_next_due
+from pin_pipelines.config import Settings
+from pin_pipelines.defs.recalc.checks import poison_check_job
+from pin_pipelines.defs.recalc.jobs import recalc_drain_job
+from pin_pipelines.errors import PinError
+
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+#: A row due within this many seconds is worth a launch now: launching takes seconds itself,
+#: and the run waits for rows that fall due during its budget.
+LOOKAHEAD_SECONDS = 5.0
+
+
+def max_drain_runs() -> int:
+    """Concurrent drain runs are safe (SKIP LOCKED); more than a few only add launch overhead."""
+    return int(os.environ.get("PIN_RECALC_MAX_DRAIN_RUNS", "2"))
+
+
+@dg.sensor(
+    job=recalc_drain_job,
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Launches recalc_drain_job when queue rows are due (or about to be).",
+)
+def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    try:
+        next_due = seconds_until_next_due(Settings.from_env().pg_dsn)
+    except PinError as exc:
+        return dg.SkipReason(f"queue unreadable: {exc}")
+    if next_due is None:
+        return dg.SkipReason("queue is empty")
+    if next_due > LOOKAHEAD_SECONDS:
+        return dg.SkipReason(f"next row is due in {next_due:.0f}s")
+    in_flight = context.instance.get_run_records(
+        dg.RunsFilter(job_name=recalc_drain_job.name, statuses=IN_FLIGHT), limit=max_drain_runs()
+    )
+    # One run drains until idle; a second one is added only when the first cannot keep up.
+    if in_flight and (next_due > -LOOKAHEAD_SECONDS or len(in_flight) >= max_drain_runs()):
+        return dg.SkipReason(f"{len(in_flight)} drain run(s) already queued or running")
+    return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
+
+
+poison_check_schedule = dg.ScheduleDefinition(
+    job=poison_check_job,
+    cron_schedule="* * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Evaluates the poison check every minute so CHESSBOARD_RECALC_POISON shows up.",
+)

@@ -1,0 +1,56 @@
+"""Kafka client settings shared by the relay, the loader and the stack (confluent-kafka)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pin_pipelines.errors import PinError
+
+TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
+TOPIC_LAYOUT = "pin.chessboard.layout-upserted.v1"
+TOPIC_LAYOUT_GROUP = "pin.chessboard.layout-group-upserted.v1"
+TOPIC_DEVSTATS_DLQ = "pin.dev-stats.dlq.v1"
+ALL_TOPICS = (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_DEVSTATS_DLQ)
+TOPIC_PARTITIONS = 3
+
+
+def _quiet(_err: Any) -> None:
+    """librdkafka prints every refused connection to stderr; callers report failures themselves."""
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "error_cb": _quiet, "log_level": 0})
+
+
+def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
+    try:
+        admin(bootstrap).list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return True
+
+
+def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[str]:
+    """Create missing topics (idempotent); returns the ones created."""
+    client = admin(bootstrap)
+    try:
+        existing = set(client.list_topics(timeout=10).topics)
+    except KafkaException as exc:
+        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+    missing = [t for t in topics if t not in existing]
+    if not missing:
+        return []
+    futures = client.create_topics(
+        [NewTopic(t, num_partitions=TOPIC_PARTITIONS, replication_factor=1) for t in missing],
+        operation_timeout=10,
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise PinError(f"creating Kafka topic {topic} failed: {exc}") from exc
+    return missing

@@ -1,0 +1,24 @@
+"""Structured JSON log lines with the spec's event names (one object per line)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+
+def log_event(logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
+    logger.log(level, json.dumps(record, default=str, ensure_ascii=False))
+
+
+def configure_cli_logging(level: int = logging.INFO) -> None:
+    """Logs go to stderr, so a command's stdout stays a clean JSON summary."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("pin_pipelines")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

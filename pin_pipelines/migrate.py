@@ -1,0 +1,44 @@
+"""`pin db migrate`: the PostgreSQL schema (yoyo-migrations over plain .sql files), the ClickHouse
+database and the Kafka topics. Each step is idempotent."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from yoyo import get_backend, read_migrations
+
+from pin_pipelines.config import SQL_DIR, Settings
+from pin_pipelines.db import connect
+from pin_pipelines.errors import PinError
+
+PG_MIGRATIONS = SQL_DIR / "postgres" / "migrations"
+
+
+def migrate_postgres(dsn: str) -> list[str]:
+    """Apply pending migrations under yoyo's lock (two concurrent `migrate`s do not race)."""
+    connect(dsn).close()  # a clear error when the server is not there, before yoyo's own
+    parts = urlsplit(dsn)
+    backend = get_backend(urlunsplit(parts._replace(scheme="postgresql+psycopg")))
+    migrations = read_migrations(str(PG_MIGRATIONS))
+    with backend.lock():
+        pending = backend.to_apply(migrations)
+        backend.apply_migrations(pending)
+    return [m.id for m in pending]
+
+
+def migrate_all(settings: Settings) -> dict[str, object]:
+    from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
+    from pin_pipelines.kafka import ensure_topics
+
+    applied = migrate_postgres(settings.pg_dsn)
+    with open_clickhouse(settings.clickhouse_url) as ch:
+        clickhouse_applied = migrate_clickhouse(ch)
+    try:
+        topics = ensure_topics(settings.kafka_bootstrap)
+    except PinError as exc:
+        raise PinError(f"schema migrated, but Kafka topics were not created: {exc}") from exc
+    return {
+        "postgres_applied": applied,
+        "clickhouse_applied": clickhouse_applied,
+        "kafka_topics_created": topics,
+    }

@@ -1,0 +1,119 @@
+"""Detached service processes with pid files, and the installers they fall back on.
+
+Written by hand rather than with a supervisor library: each service needs only start-detached,
+is-alive and stop-with-grace, and a supervisor daemon would be one more process to keep alive.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pin_pipelines.errors import PinError
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def start_detached(
+    argv: Sequence[str], *, pidfile: Path, logfile: Path, cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Start `argv` in its own session (it outlives this process), output appended to `logfile`."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, start_new_session=True,
+        )
+    pidfile.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop_pid(pidfile: Path, *, grace_seconds: float = 30.0) -> bool:
+    """SIGTERM, then SIGKILL after the grace period. Returns whether a process was running."""
+    pid = read_pid(pidfile)
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def wait_until(
+    check: Callable[[], bool], *, timeout: float, what: str, logfile: Path | None = None,
+    pid: int | None = None,
+) -> float:
+    """Poll `check` until true; returns the seconds it took, or raises with the log's tail."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        if pid is not None and not pid_alive(pid):
+            raise PinError(f"{what} exited during start-up{_log_tail(logfile)}")
+        time.sleep(0.2)
+    raise PinError(f"{what} did not answer within {timeout:.0f}s{_log_tail(logfile)}")
+
+
+def _log_tail(logfile: Path | None, lines: int = 5) -> str:
+    if logfile is None or not logfile.exists():
+        return ""
+    tail = logfile.read_text(errors="replace").strip().splitlines()[-lines:]
+    return f"; see {logfile}: " + " | ".join(line.strip() for line in tail)
+
+
+def apt_install(packages: Sequence[str]) -> None:
+    """Install Debian packages; the project's own scripts bring every service they start."""
+    if shutil.which("apt-get") is None:
+        raise PinError(f"cannot install {', '.join(packages)}: apt-get is not available")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    for argv in (
+        [*prefix, "apt-get", "update", "-qq"],
+        [*prefix, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ):
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise PinError(f"`{' '.join(argv)}` failed: {last[0]}")
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
