@@ -1,0 +1,44 @@
+"""ClickHouse for dev-stats: one client over the embedded engine (chdb) and a server (native
+protocol).
+
+`open_clickhouse(url)` picks the backend from `PIN_CLICKHOUSE_URL`; `migrate_clickhouse` applies
+the DDL in `sql/clickhouse/`, downgraded in one place (`legacy.py`) for Debian's 18.16 server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pin_pipelines.clickhouse.client import (
+    ClickHouse,
+    ClickHouseError,
+    ClickHouseUnavailable,
+    Row,
+)
+from pin_pipelines.clickhouse.migrate import migrate_clickhouse
+from pin_pipelines.clickhouse.url import DATABASE, ServerAddress, parse_clickhouse_url
+
+__all__ = [
+    "DATABASE",
+    "ClickHouse",
+    "ClickHouseError",
+    "ClickHouseUnavailable",
+    "Row",
+    "ServerAddress",
+    "migrate_clickhouse",
+    "open_clickhouse",
+    "parse_clickhouse_url",
+]
+
+
+def open_clickhouse(url: str) -> ClickHouse:
+    """A client for `url` (use it as a context manager). The backends import lazily: chdb loads a
+    large engine library that a server-only process never needs."""
+    target = parse_clickhouse_url(url)
+    if isinstance(target, Path):
+        from pin_pipelines.clickhouse.embedded import EmbeddedClickHouse
+
+        return EmbeddedClickHouse(target)
+    from pin_pipelines.clickhouse.server import ServerClickHouse
+
+    return ServerClickHouse(target)

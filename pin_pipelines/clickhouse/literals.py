@@ -1,0 +1,39 @@
+"""Query parameters rendered as ClickHouse literals on the client, the same way for both backends.
+
+Server-side parameters (`{name:Type}`) are not available on every supported server (18.16 has none
+on the native protocol), so `%(name)s` placeholders are filled here with escaped literals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from uuid import UUID
+
+#: Scalars a placeholder accepts; a list, tuple or set of them becomes a tuple literal for `IN`.
+Scalar = str | int | float | bool | UUID | None
+Param = Scalar | list[Scalar] | tuple[Scalar, ...] | Set[Scalar]
+
+_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
+def literal(value: Param) -> str:
+    """One value as a ClickHouse literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | UUID):
+        return "'" + "".join(_ESCAPES.get(c, c) for c in str(value)) + "'"
+    items = sorted(value, key=str) if isinstance(value, Set) else list(value)
+    if not items:
+        raise ValueError("an empty collection cannot be rendered (`IN ()` is not valid SQL)")
+    return "(" + ", ".join(literal(item) for item in items) + ")"
+
+
+def render(sql: str, params: Mapping[str, Param] | None = None) -> str:
+    """`sql` with each `%(name)s` replaced by the literal of `params[name]` (write `%%` for `%`)."""
+    if not params:
+        return sql
+    return sql % {name: literal(value) for name, value in params.items()}

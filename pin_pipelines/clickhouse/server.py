@@ -1,0 +1,98 @@
+"""A ClickHouse server over the native protocol (clickhouse-driver).
+
+dagster-clickhouse's `ClickhouseResource` is a Dagster resource around the same `Client`; this core
+stays free of Dagster, so it uses the driver directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clickhouse_driver import Client
+from clickhouse_driver.errors import Error as DriverError
+from clickhouse_driver.errors import NetworkError, SocketTimeoutError
+
+from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseError, ClickHouseUnavailable, Row
+from pin_pipelines.clickhouse.literals import Param, render
+from pin_pipelines.clickhouse.url import ServerAddress
+
+#: The driver logs every refused connection with a traceback; callers get a PinError instead.
+logging.getLogger("clickhouse_driver.connection").setLevel(logging.ERROR)
+
+_UNREACHABLE = (NetworkError, SocketTimeoutError, EOFError, OSError)
+
+
+class ServerClickHouse(ClickHouse):
+    def __init__(self, address: ServerAddress, *, connect_timeout: float = 3.0) -> None:
+        self.location = str(address)
+        # Connects lazily on the first statement; the driver reconnects after a network error.
+        self._client = Client(
+            host=address.host,
+            port=address.port,
+            user=address.user,
+            password=address.password,
+            connect_timeout=connect_timeout,
+            send_receive_timeout=60,
+            sync_request_timeout=5,
+        )
+        self._dedup_supported: bool | None = None
+
+    def command(self, sql: str, params: Mapping[str, Param] | None = None) -> None:
+        self._execute(render(sql, params))
+
+    def rows(self, sql: str, params: Mapping[str, Param] | None = None) -> list[Row]:
+        return [tuple(row) for row in self._execute(render(sql, params))]
+
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        dedup_token: str | None = None,
+    ) -> None:
+        if not rows:
+            return
+        settings = {}
+        if dedup_token is not None and self._supports_dedup_token():
+            settings["insert_deduplication_token"] = dedup_token
+        self._execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES", rows, settings)
+
+    def close(self) -> None:
+        self._client.disconnect()
+
+    def _supports_dedup_token(self) -> bool:
+        """`insert_deduplication_token` exists since ClickHouse 22.2; 18.16 does not know it (the
+        driver would drop it with a warning), so it is skipped there. A retried insert then relies
+        on ReplacingMergeTree alone: an identical row merges away and argMax reads are
+        unaffected."""
+        if self._dedup_supported is None:
+            found = self.rows(
+                "SELECT count() FROM system.settings WHERE name = 'insert_deduplication_token'"
+            )
+            self._dedup_supported = found[0][0] > 0
+        return self._dedup_supported
+
+    def _execute(
+        self,
+        sql: str,
+        data: Sequence[Sequence[Any]] | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> Any:
+        try:
+            return self._client.execute(sql, data, settings=settings)
+        except _UNREACHABLE as exc:
+            self._client.disconnect()
+            raise ClickHouseUnavailable(
+                f"ClickHouse server at {self.location} is unreachable: {_first_line(exc)}"
+            ) from exc
+        except DriverError as exc:
+            raise ClickHouseError(
+                f"ClickHouse server at {self.location}: {_first_line(exc)}"
+            ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's message without the server's stack trace, on one line."""
+    return " ".join(str(exc).split("Stack trace:")[0].split()) or type(exc).__name__

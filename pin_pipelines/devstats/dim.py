@@ -1,0 +1,90 @@
+"""Writes and reads of `pin_dev_stats.dim_layout_group`; the SQL is in
+`sql/clickhouse/queries/dim_layout_group.sql`.
+
+Reads on behalf of a developer filter `DeveloperId` = the actor (spec 003, security); only the
+loader's guard and the operator's freshness read see every developer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from uuid import UUID
+
+from pin_pipelines.clickhouse import ClickHouse
+from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
+from pin_pipelines.devstats.events import COLUMNS, LayoutGroupUpserted
+
+TABLE = "pin_dev_stats.dim_layout_group"
+QUERIES = named_queries(CLICKHOUSE_SQL_DIR / "queries" / "dim_layout_group.sql")
+
+
+@dataclass(frozen=True)
+class LayoutGroup:
+    """The current row of a group as an actor sees it."""
+
+    layout_group_id: UUID
+    project_id: UUID
+    name: str
+    sort_order: int
+    is_archived: bool
+    source_version: int
+
+
+@dataclass(frozen=True)
+class Freshness:
+    rows: int
+    newest_upserted_at: int | None  # unix seconds; None while the table is empty
+    age_seconds: int | None
+
+
+def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[UUID, int]:
+    """The current SourceVersion of each stored group among `ids` (absent ones are missing)."""
+    if not ids:
+        return {}
+    found = ch.rows(QUERIES["stored_versions"], {"ids": tuple(ids)})
+    return {UUID(str(gid)): int(version) for gid, version in found}
+
+
+def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
+    """One insert for the whole batch. The dedup token is a hash of the rows, so a retry of the same
+    batch is recognised by servers that deduplicate inserts."""
+    rows = [event.row() for event in events]
+    token = hashlib.sha256(repr(rows).encode()).hexdigest()
+    ch.insert(TABLE, COLUMNS, rows, dedup_token=token)
+    return len(rows)
+
+
+def labels(ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID]) -> dict[str, str]:
+    """`{layout_group_id: Name}`; a missing group, or one of another developer, is labelled with
+    its own id (the spec's degradation, no error)."""
+    wanted = {str(gid): gid for gid in ids}
+    if not wanted:
+        return {}
+    found = {
+        str(gid): str(name)
+        for gid, name in ch.rows(
+            QUERIES["labels"], {"developer_id": developer_id, "ids": set(wanted.values())}
+        )
+    }
+    return {key: found.get(key, key) for key in wanted}
+
+
+def groups(ch: ClickHouse, developer_id: UUID) -> list[LayoutGroup]:
+    """The actor's groups in display order (SortOrder), archived ones included."""
+    return [
+        LayoutGroup(
+            UUID(str(gid)), UUID(str(pid)), str(name), int(order), bool(archived), int(version)
+        )
+        for gid, pid, name, order, archived, version in ch.rows(
+            QUERIES["groups"], {"developer_id": developer_id}
+        )
+    ]
+
+
+def freshness(ch: ClickHouse) -> Freshness:
+    rows, newest, now = ch.rows(QUERIES["freshness"])[0]
+    if not rows:
+        return Freshness(rows=0, newest_upserted_at=None, age_seconds=None)
+    return Freshness(rows=int(rows), newest_upserted_at=int(newest), age_seconds=int(now - newest))

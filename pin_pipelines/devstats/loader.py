@@ -1,0 +1,317 @@
+"""The dim_layout_group loader: one bounded consume-and-load cycle over the layout-group topic.
+
+A cycle reads each partition from the group's committed offset up to the high watermark seen at its
+start, so it always ends (new events wait for the next cycle). Per batch (≤ 1000 events or 5 s): bad
+messages are set aside for the DLQ, duplicates of a group reduced to the highest Version, the stored
+versions of the batch's groups read in one query, the newer events inserted in one insert, the bad
+messages produced to the DLQ, and only then the batch's offsets committed. A crash anywhere before
+the commit replays the batch, and the version guard makes the replay a no-op for what was applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
+from pin_pipelines.config import Settings
+from pin_pipelines.devstats.dim import insert_events, stored_versions
+from pin_pipelines.devstats.events import (
+    BadEvent,
+    LayoutGroupUpserted,
+    newest_per_group,
+    parse_event,
+)
+from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
+
+DEFAULT_GROUP = "pin-devstats-dim-layout-group"
+KAFKA_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    topic: str = TOPIC_LAYOUT_GROUP
+    group: str = DEFAULT_GROUP
+    dlq_topic: str = TOPIC_DEVSTATS_DLQ
+    batch_size: int = 1000
+    batch_seconds: float = 5.0
+    #: Hard bound of one cycle; what is left shows as lag and `complete: false`.
+    max_seconds: float = 300.0
+    #: ClickHouse unreachable: attempts per batch, waiting 0.5 s, 1 s, 2 s, … between them.
+    attempts: int = 5
+    backoff_seconds: float = 0.5
+
+
+@dataclass
+class LoadSummary:
+    consumed: int = 0
+    inserted: int = 0
+    skipped_stale: int = 0  # older than the stored version, or superseded within the batch
+    dead_lettered: int = 0
+    batches: int = 0
+    lag: dict[int, int] = field(default_factory=dict)  # partition → events left after the cycle
+    complete: bool = True  # False when max_seconds ran out before the start watermarks
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "lag": {str(p): n for p, n in sorted(self.lag.items())}}
+
+
+def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
+    """One cycle: `pin devstats load --once` and one materialization of the asset."""
+    options = options or LoadOptions()
+    with (
+        open_clickhouse(settings.clickhouse_url) as ch,
+        _kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
+    ):
+        return _Cycle(ch, consumer, settings.kafka_bootstrap, options).run()
+
+
+def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
+    """Replay the topic from the beginning through the loader's group (idempotent: the guard skips
+    what is stored, so the dimension ends the same). Bad messages are dead-lettered again; the DLQ
+    headers (source topic, partition, offset) identify repeats."""
+    options = options or LoadOptions()
+    with _kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
+        beginnings = [
+            TopicPartition(options.topic, p, _watermarks(consumer, options.topic, p)[0])
+            for p in _partitions(consumer, options.topic)
+        ]
+        if beginnings:
+            _commit(consumer, beginnings)
+    return load_once(settings, options)
+
+
+@contextmanager
+def _kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
+    """A consumer for explicit assignment: no rebalance wait, and commits only by the loader."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
+        }
+    )
+    with closing(consumer), _kafka_errors(bootstrap):
+        yield consumer
+
+
+class _Cycle:
+    def __init__(
+        self,
+        ch: ClickHouse,
+        consumer: Consumer,
+        bootstrap: str,
+        options: LoadOptions,
+    ) -> None:
+        self.ch = ch
+        self.consumer = consumer
+        self.bootstrap = bootstrap
+        self.options = options
+        self.summary = LoadSummary()
+        self.producer: Producer | None = None
+
+    def run(self) -> LoadSummary:
+        started = time.monotonic()
+        topic = self.options.topic
+        partitions = _partitions(self.consumer, topic)
+        committed = (
+            {
+                tp.partition: tp.offset
+                for tp in self.consumer.committed(
+                    [TopicPartition(topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
+                )
+            }
+            if partitions
+            else {}
+        )
+        ends: dict[int, int] = {}  # partition → high watermark at start, for partitions with work
+        starts = []
+        for p in partitions:
+            low, high = _watermarks(self.consumer, topic, p)
+            start = max(committed.get(p, -1), low)
+            if start < high:
+                ends[p] = high
+                starts.append(TopicPartition(topic, p, start))
+        if starts:
+            self.consumer.assign(starts)
+            self._consume(ends, deadline=started + self.options.max_seconds)
+        self.summary.lag = self._lag(partitions)
+        self.summary.seconds = round(time.monotonic() - started, 3)
+        return self.summary
+
+    def _consume(self, ends: dict[int, int], deadline: float) -> None:
+        """Poll until every partition reached its start watermark or the deadline passed."""
+        pending = dict(ends)
+        batch: list[Message] = []
+        batch_started = 0.0
+        while pending and time.monotonic() < deadline:
+            wanted = self.options.batch_size - len(batch)
+            for msg in self.consumer.consume(num_messages=wanted, timeout=1.0):
+                err = msg.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
+                p, offset = _position(msg)
+                if p not in pending:
+                    continue  # past its start watermark: left for the next cycle
+                if err is None and offset < pending[p]:
+                    batch_started = batch_started if batch else time.monotonic()
+                    batch.append(msg)
+                if err is not None or offset + 1 >= pending[p]:
+                    del pending[p]
+                    self.consumer.pause([TopicPartition(self.options.topic, p)])
+            full = len(batch) >= self.options.batch_size
+            due = time.monotonic() - batch_started >= self.options.batch_seconds
+            if batch and (full or due or not pending):
+                self._apply(batch)
+                batch = []
+        if batch:
+            self._apply(batch)
+        self.summary.complete = not pending
+
+    def _apply(self, batch: Sequence[Message]) -> None:
+        events: list[LayoutGroupUpserted] = []
+        bad: list[tuple[Message, str]] = []
+        for msg in batch:
+            try:
+                events.append(parse_event(msg.value()))
+            except BadEvent as exc:
+                bad.append((msg, str(exc)))
+        inserted = self._retrying(lambda: self._write(events)) if events else 0
+        self._dead_letter(bad)
+        last: dict[int, int] = {}
+        for p, offset in map(_position, batch):
+            last[p] = max(last.get(p, -1), offset)
+        _commit(
+            self.consumer, [TopicPartition(self.options.topic, p, o + 1) for p, o in last.items()]
+        )
+        self.summary.batches += 1
+        self.summary.consumed += len(batch)
+        self.summary.inserted += inserted
+        self.summary.skipped_stale += len(events) - inserted
+        self.summary.dead_lettered += len(bad)
+
+    def _write(self, events: Sequence[LayoutGroupUpserted]) -> int:
+        """Guard and insert together, so a retry re-reads the stored versions: an insert that landed
+        before its acknowledgement was lost is then skipped, not stored twice."""
+        newest = newest_per_group(events)
+        stored = stored_versions(self.ch, newest.keys())
+        fresh = [e for e in newest.values() if e.version > stored.get(e.id, -1)]
+        return insert_events(self.ch, fresh) if fresh else 0
+
+    def _retrying(self, action: Callable[[], T]) -> T:
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return action()
+            except ClickHouseUnavailable as exc:
+                if attempt >= self.options.attempts:
+                    raise ClickHouseUnavailable(
+                        f"{exc} (gave up after {attempt} attempts in "
+                        f"{time.monotonic() - started:.1f}s; no offsets committed, the next run "
+                        "replays from the last commit)"
+                    ) from exc
+                time.sleep(self.options.backoff_seconds * 2 ** (attempt - 1))
+
+    def _dead_letter(self, bad: Sequence[tuple[Message, str]]) -> None:
+        """Produce the unreadable messages as they came, with why and where from; wait for them."""
+        if not bad:
+            return
+        if self.producer is None:
+            self.producer = Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "enable.idempotence": True,
+                    "log_level": 0,
+                }
+            )
+        failures: list[str] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(err.str())
+
+        for msg, error in bad:
+            self.producer.produce(
+                self.options.dlq_topic,
+                key=msg.key(),
+                value=msg.value(),
+                on_delivery=delivered,
+                headers=[
+                    ("error", error.encode()),
+                    ("source-topic", (msg.topic() or "").encode()),
+                    ("source-partition", str(msg.partition()).encode()),
+                    ("source-offset", str(msg.offset()).encode()),
+                ],
+            )
+        left = self.producer.flush(KAFKA_TIMEOUT)
+        if left or failures:
+            raise PinError(
+                f"could not write {left + len(failures)} unreadable events to "
+                f"{self.options.dlq_topic} at {self.bootstrap}"
+                f"{': ' + failures[0] if failures else ''}; no offsets committed"
+            )
+
+    def _lag(self, partitions: Sequence[int]) -> dict[int, int]:
+        if not partitions:
+            return {}
+        topic = self.options.topic
+        committed = self.consumer.committed(
+            [TopicPartition(topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
+        )
+        lag = {}
+        for tp in committed:
+            low, high = _watermarks(self.consumer, topic, tp.partition)
+            lag[tp.partition] = high - max(tp.offset, low)
+        return lag
+
+
+@contextmanager
+def _kafka_errors(bootstrap: str) -> Iterator[None]:
+    """librdkafka's exceptions (broker down, timeouts) as one-line PinErrors."""
+    try:
+        yield
+    except KafkaException as exc:
+        raise PinError(f"Kafka at {bootstrap}: {exc.args[0].str()}") from exc
+
+
+def _position(msg: Message) -> tuple[int, int]:
+    """Partition and offset (the stubs allow None, which only error events without one carry)."""
+    partition, offset = msg.partition(), msg.offset()
+    return (-1 if partition is None else partition), (-1 if offset is None else offset)
+
+
+def _partitions(consumer: Consumer, topic: str) -> list[int]:
+    """The topic's partitions; none when the topic does not exist yet (nothing to load)."""
+    metadata = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        return []
+    return sorted(found.partitions)
+
+
+def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=KAFKA_TIMEOUT, cached=False
+    )
+    return int(low), int(high)
+
+
+def _commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
+    for tp in consumer.commit(offsets=offsets, asynchronous=False) or []:
+        if tp.error is not None:
+            raise PinError(f"committing offset {tp.offset} of partition {tp.partition}: {tp.error}")

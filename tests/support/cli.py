@@ -1,0 +1,35 @@
+"""Run the installed `pin` command as a user would, and read its JSON summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PIN = str(Path(sys.executable).with_name("pin"))
+
+
+def run_pin(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PIN, *args], env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )
+
+
+def summary(result: subprocess.CompletedProcess[str]) -> Any:
+    """The contract: the last line on stdout is one JSON object."""
+    assert result.returncode == 0, f"pin failed ({result.returncode}): {result.stderr}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one error line, got: {result.stderr!r}"
+    assert lines[0].startswith("pin"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]

@@ -1,0 +1,157 @@
+"""Helpers for the recalc tests: queue settings, queue rows, outbox reads and test-only triggers
+that make a project's recalc slow or fail for real (always dropped afterwards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import psycopg.sql
+
+from pin_pipelines.chessboard.drain import TickSummary, drain_tick
+from tests.support.chessboard import make_all_due
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PIN = str(Path(sys.executable).with_name("pin"))
+
+
+def set_settings(conn: psycopg.Connection, **values: Any) -> None:
+    """e.g. set_settings(db, debounce="1 second", starvation_cap="5 seconds")."""
+    assignments = ", ".join(f"{name} = %({name})s" for name in values)
+    conn.execute(f"UPDATE chessboard.recalc_settings SET {assignments}", values)
+
+
+def queue_row(conn: psycopg.Connection, project_id: UUID) -> dict[str, Any] | None:
+    cur = conn.execute(
+        "SELECT * FROM chessboard.project_recalc_requests WHERE project_id = %s", (project_id,)
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([d.name for d in cur.description or []], row, strict=True))
+
+
+def queued_projects(conn: psycopg.Connection) -> dict[UUID, dict[str, Any]]:
+    cur = conn.execute("SELECT * FROM chessboard.project_recalc_requests")
+    names = [d.name for d in cur.description or []]
+    return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
+
+
+def clear_queue(conn: psycopg.Connection) -> None:
+    conn.execute("DELETE FROM chessboard.project_recalc_requests")
+
+
+def outbox(conn: psycopg.Connection, key: UUID | None = None) -> list[tuple[str, str, dict]]:
+    """(topic, message_key, payload) in commit order, optionally only one entity's events."""
+    rows = conn.execute(
+        "SELECT topic, message_key, payload FROM chessboard.outbox_events ORDER BY id"
+    ).fetchall()
+    return [(t, k, p) for t, k, p in rows if key is None or k == str(key)]
+
+
+def drain_due(dsn: str, conn: psycopg.Connection, **kwargs: Any) -> TickSummary:
+    """Skip the debounce wait, then run one worker tick."""
+    make_all_due(conn)
+    return drain_tick(dsn, **kwargs)
+
+
+def drain_all(dsn: str, conn: psycopg.Connection) -> list[TickSummary]:
+    """Ticks until a tick finds nothing ready."""
+    ticks = []
+    while True:
+        tick = drain_due(dsn, conn)
+        ticks.append(tick)
+        if not tick.results:
+            return ticks
+
+
+@contextmanager
+def failing_recalc(conn: psycopg.Connection, project_id: UUID, message: str) -> Iterator[None]:
+    """A test-only trigger that RAISEs when the drain writes this project's aggregates: the
+    project's recalc fails for real, inside its own transaction."""
+    conn.execute(
+        f"""
+        CREATE OR REPLACE FUNCTION chessboard.test_fail_recalc() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.id = '{project_id}'::uuid THEN
+                RAISE EXCEPTION USING MESSAGE = {psycopg.sql.quote(message)};
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_fail_recalc BEFORE UPDATE ON chessboard.projects
+            FOR EACH ROW EXECUTE FUNCTION chessboard.test_fail_recalc();
+        """
+    )
+    try:
+        yield
+    finally:
+        drop_failing_recalc(conn)
+
+
+def drop_failing_recalc(conn: psycopg.Connection) -> None:
+    conn.execute("DROP TRIGGER IF EXISTS test_fail_recalc ON chessboard.projects")
+    conn.execute("DROP FUNCTION IF EXISTS chessboard.test_fail_recalc()")
+
+
+@contextmanager
+def slow_recalc(conn: psycopg.Connection, seconds: float) -> Iterator[None]:
+    """A test-only trigger that sleeps whenever the drain writes a project's aggregates, so a
+    recalc lasts long enough for another process to act while it is in flight."""
+    conn.execute(
+        f"""
+        CREATE OR REPLACE FUNCTION chessboard.test_slow_recalc() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_sleep({float(seconds)});
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_slow_recalc BEFORE UPDATE ON chessboard.projects
+            FOR EACH ROW EXECUTE FUNCTION chessboard.test_slow_recalc();
+        """
+    )
+    try:
+        yield
+    finally:
+        conn.execute("DROP TRIGGER IF EXISTS test_slow_recalc ON chessboard.projects")
+        conn.execute("DROP FUNCTION IF EXISTS chessboard.test_slow_recalc()")
+
+
+def sleeping_backends(conn: psycopg.Connection) -> int:
+    """Backends currently inside the slow trigger's pg_sleep."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event = 'PgSleep' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def pin_env(dsn: str) -> dict[str, str]:
+    return {**os.environ, "PIN_PG_DSN": dsn}
+
+
+def start_pin(dsn: str, *args: str) -> subprocess.Popen[str]:
+    """A real `pin` process (its own interpreter and connections)."""
+    return subprocess.Popen(
+        [PIN, *args],
+        cwd=REPO_ROOT,
+        env=pin_env(dsn),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def last_json_line(stdout: str) -> dict[str, Any]:
+    """The contract's JSON summary: the last line on stdout."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert lines, "no output on stdout"
+    return json.loads(lines[-1])
