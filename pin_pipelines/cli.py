@@ -39,6 +39,7 @@ def _summary(obj: Any) -> None:
 
 # --- stack -----------------------------------------------------------------------------------
 
+
 def cmd_stack(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.stack import services
 
@@ -68,6 +69,7 @@ def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
 
 
 # --- recalc ----------------------------------------------------------------------------------
+
 
 def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc
@@ -110,6 +112,7 @@ def _graceful_stop() -> Callable[[], bool]:
 
 # --- outbox, devstats, reconcile -------------------------------------------------------------
 
+
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.relay import relay_once
 
@@ -146,6 +149,7 @@ def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> None:
 
 # --- parser ----------------------------------------------------------------------------------
 
+
 class _OneLineParser(argparse.ArgumentParser):
     """A bad argument is one line on stderr, like every other failure (`-h` shows the usage)."""
 
@@ -162,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     stack = sub.add_parser("stack", help="local services: PostgreSQL, Kafka, ClickHouse server")
     stack.add_argument("action", choices=["up", "down", "status"])
     stack.add_argument(
-        "--clickhouse-server", action="store_true",
+        "--clickhouse-server",
+        action="store_true",
         help="also manage the Debian clickhouse-server (implied by a local clickhouse:// URL)",
     )
     stack.set_defaults(handler=cmd_stack)
@@ -174,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = db.add_parser("migrate", help="PostgreSQL schema, ClickHouse database, Kafka topics")
     migrate.set_defaults(handler=cmd_db_migrate)
 
-    sample = sub.add_parser("sample", help="demo data").add_subparsers(dest="sample_command", required=True)
-    sample_load = sample.add_parser("load", help="insert random demo projects (raisers enqueue them)")
+    sample = sub.add_parser("sample", help="demo data").add_subparsers(
+        dest="sample_command", required=True
+    )
+    sample_load = sample.add_parser(
+        "load", help="insert random demo projects (raisers enqueue them)"
+    )
     sample_load.add_argument("--projects", type=int, default=20)
     sample_load.set_defaults(handler=cmd_sample_load)
 
@@ -220,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="metrics_command", required=True
     )
     metrics_serve = metrics.add_parser("serve", help="serve /metrics until interrupted")
-    metrics_serve.add_argument("--port", type=int, default=int(os.environ.get("PIN_METRICS_PORT", "9108")))
+    metrics_serve.add_argument(
+        "--port", type=int, default=int(os.environ.get("PIN_METRICS_PORT", "9108"))
+    )
     metrics_serve.set_defaults(handler=cmd_metrics_serve)
     return parser
 
@@ -241,7 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("PIN_DEBUG"):
             traceback.print_exc()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"pin: error: {type(exc).__name__}: {first} (PIN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"pin: error: {type(exc).__name__}: {first} (PIN_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""Thin psycopg 3 access: connections with clear errors, and the named queries in `sql/postgres/queries/`."""
+"""Thin psycopg 3 access: connections with clear errors, and the named queries of `sql/`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 import aiosql
 import psycopg
 
-from pin_pipelines.errors import PinError
-
 from pin_pipelines.config import SQL_DIR
+from pin_pipelines.errors import PinError
 
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
 

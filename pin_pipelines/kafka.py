@@ -22,7 +22,8 @@ def _quiet(_err: Any) -> None:
 
 
 def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "error_cb": _quiet, "log_level": 0})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "error_cb": _quiet, "log_level": 0}
+    return AdminClient(config)
 
 
 def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:

@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 
-def log_event(logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
+def log_event(
+    logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any
+) -> None:
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
     logger.log(level, json.dumps(record, default=str, ensure_ascii=False))
 

@@ -46,17 +46,25 @@ def _bin(name: str) -> str:
 def serve(settings: Settings) -> None:
     env = prepare_dagster_home(settings)
     workspace = str(SOURCE_ROOT / "workspace.yaml")
-    children = [
-        subprocess.Popen([_bin("dagster-daemon"), "run", "-w", workspace], env=env, cwd=SOURCE_ROOT),
-        subprocess.Popen(
-            [_bin("dagster-webserver"), "-w", workspace, "-h", "127.0.0.1",
-             "-p", str(settings.dagster_port)],
-            env=env, cwd=SOURCE_ROOT,
-        ),
-    ]
+    commands = {
+        "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", workspace],
+        "dagster-webserver": [
+            _bin("dagster-webserver"),
+            "-w",
+            workspace,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(settings.dagster_port),
+        ],
+    }
+    children = {
+        name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT) for name, argv in commands.items()
+    }
     print(
         f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
-        f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops both", file=sys.stderr,
+        f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops both",
+        file=sys.stderr,
     )
     stopping = False
 
@@ -67,17 +75,18 @@ def serve(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        while not stopping and all(child.poll() is None for child in children):
+        while not stopping and all(child.poll() is None for child in children.values()):
             time.sleep(0.5)
     finally:
-        for child in children:
+        for child in children.values():
             if child.poll() is None:
                 child.terminate()
-        for child in children:
+        for child in children.values():
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
     if not stopping:
-        died = next(c for c in children if c.returncode not in (None, 0, -signal.SIGTERM))
-        raise PinError(f"{Path(str(died.args[0])).name} exited with code {died.returncode}")
+        for name, child in children.items():
+            if child.returncode not in (None, 0, -signal.SIGTERM):
+                raise PinError(f"{name} exited with code {child.returncode}")

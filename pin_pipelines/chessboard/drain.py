@@ -73,7 +73,9 @@ class TickSummary:
             "deferred": self.count("deferred"),
             "poisoned": self.poisoned,
             "republished": republished,
-            "coalesced_events": sum(r.requested_count for r in self.results if r.outcome != "failed"),
+            "coalesced_events": sum(
+                r.requested_count for r in self.results if r.outcome != "failed"
+            ),
             "duration_p50_seconds": _quantile(durations, 0.50),
             "duration_p99_seconds": _quantile(durations, 0.99),
             "stopped_early": self.stopped_early,
@@ -104,8 +106,11 @@ def drain_tick(
             batch_size = int(row[0]) if row else 50
         summary.due_at_start = int(q.count_due_requests(conn))
         log_event(
-            log, "recalc_batch_started", correlation_id=summary.correlation_id,
-            size=min(summary.due_at_start, batch_size), due=summary.due_at_start,
+            log,
+            "recalc_batch_started",
+            correlation_id=summary.correlation_id,
+            size=min(summary.due_at_start, batch_size),
+            due=summary.due_at_start,
         )
         for _ in range(batch_size):
             if should_stop():
@@ -118,8 +123,11 @@ def drain_tick(
         summary.poisoned = int(q.count_poisoned(conn))
     if summary.poisoned:
         log_event(
-            log, "CHESSBOARD_RECALC_POISON", level=logging.ERROR,
-            correlation_id=summary.correlation_id, poisoned=summary.poisoned,
+            log,
+            "CHESSBOARD_RECALC_POISON",
+            level=logging.ERROR,
+            correlation_id=summary.correlation_id,
+            poisoned=summary.poisoned,
         )
     return summary
 
@@ -134,8 +142,10 @@ def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResul
             return None
         project_id, tenant_id, last_reason, requested_count, attempt_count, waited = claim
         context = {
-            "correlation_id": correlation_id, "project_id": str(project_id),
-            "tenant_id": str(tenant_id), "last_reason": last_reason,
+            "correlation_id": correlation_id,
+            "project_id": str(project_id),
+            "tenant_id": str(tenant_id),
+            "last_reason": last_reason,
         }
         started = time.perf_counter()
         try:
@@ -156,17 +166,25 @@ def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResul
                 project_id, "failed", time.perf_counter() - started, error=error[:1024]
             )
             log_event(
-                log, "project_recalc_failed", level=logging.WARNING, **context,
-                attempt_count=attempt_count + 1, error=error[:1024],
+                log,
+                "project_recalc_failed",
+                level=logging.WARNING,
+                **context,
+                attempt_count=attempt_count + 1,
+                error=error[:1024],
             )
             return result
     if result.outcome == "skipped_archived":
         log_event(log, "project_skipped_archived", **context)
     else:
         log_event(
-            log, "project_recalculated", **context,
-            duration_seconds=round(result.duration_seconds, 6), republished=result.republished,
-            buildings_updated=result.buildings_updated, requested_count=requested_count,
+            log,
+            "project_recalculated",
+            **context,
+            duration_seconds=round(result.duration_seconds, 6),
+            republished=result.republished,
+            buildings_updated=result.buildings_updated,
+            requested_count=requested_count,
             waited_seconds=round(waited, 3),
         )
     return result
@@ -180,8 +198,12 @@ def _recalc_project(
     if project is None or project[0] == "Archived" or project[1] is not None:
         # An archived or deleted project carries no aggregates: close the window, touch nothing.
         q.delete_request(conn, project_id=project_id)
-        return ProjectResult(project_id, "skipped_archived", time.perf_counter() - started,
-                             requested_count=requested_count)
+        return ProjectResult(
+            project_id,
+            "skipped_archived",
+            time.perf_counter() - started,
+            requested_count=requested_count,
+        )
     buildings = q.recalc_buildings(conn, project_id=project_id)
     republished = {
         "layout": q.recalc_layouts(conn, project_id=project_id),
@@ -190,8 +212,12 @@ def _recalc_project(
     }
     q.delete_request(conn, project_id=project_id)
     return ProjectResult(
-        project_id, "recalculated", time.perf_counter() - started, republished=republished,
-        buildings_updated=buildings, requested_count=requested_count,
+        project_id,
+        "recalculated",
+        time.perf_counter() - started,
+        republished=republished,
+        buildings_updated=buildings,
+        requested_count=requested_count,
     )
 
 

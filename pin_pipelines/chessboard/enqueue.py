@@ -28,7 +28,9 @@ class RecalcReason(StrEnum):
     RECONCILE = "Reconcile"
 
 
-def request_recalc(conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason) -> None:
+def request_recalc(
+    conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason
+) -> None:
     """Debounced request in the caller's transaction (the spec's raiser contract)."""
     conn.execute(
         "SELECT chessboard.request_project_recalc(%s, %s, %s)", (project_id, tenant_id, str(reason))
@@ -38,9 +40,7 @@ def request_recalc(conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, 
 def force_recalc(dsn: str, project_id: UUID, reason: RecalcReason = RecalcReason.MANUAL) -> None:
     """Runbook "ручной форс-пересчёт": upsert the queue row with due_at = now()."""
     with connection(dsn) as conn, conn.transaction():
-        cursor = conn.execute(
-            "SELECT 1 FROM chessboard.projects WHERE id = %s", (project_id,)
-        )
+        cursor = conn.execute("SELECT 1 FROM chessboard.projects WHERE id = %s", (project_id,))
         if cursor.fetchone() is None:
             raise PinError(f"project {project_id} does not exist")
         queries("recalc").force_request(conn, project_id=project_id, reason=str(reason))

@@ -1,12 +1,11 @@
 """The one resource every domain uses: the contract's settings, read at run time."""
 
-
 import dagster as dg
 
 from pin_pipelines.config import Settings
 
 
-class PinSettings(dg.ConfigurableResource):  # type: ignore[misc]
+class PinSettings(dg.ConfigurableResource):
     """Environment-driven (contract section 1), so the UI, the daemon and `pin` agree."""
 
     def get(self) -> Settings:

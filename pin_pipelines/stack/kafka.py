@@ -1,4 +1,4 @@
-"""One Apache Kafka broker in KRaft mode, from Apache's own jars on Maven Central, run with `java`."""
+"""One Apache Kafka broker in KRaft mode: Apache's own jars from Maven Central, run with `java`."""
 
 from __future__ import annotations
 
@@ -72,19 +72,34 @@ class LocalKafka:
             config = self._write_config()
             self._format(config)
             pid = start_detached(
-                [self._java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                 f"-Dlog4j2.configurationFile={self.root / 'log4j2.yaml'}",
-                 "-cp", f"{self.libs}/*", "kafka.Kafka", str(config)],
-                pidfile=self.pidfile, logfile=self.stdout_log,
+                [
+                    self._java(),
+                    HEAP,
+                    "-XX:+UseG1GC",
+                    "-Djava.awt.headless=true",
+                    f"-Dlog4j2.configurationFile={self.root / 'log4j2.yaml'}",
+                    "-cp",
+                    f"{self.libs}/*",
+                    "kafka.Kafka",
+                    str(config),
+                ],
+                pidfile=self.pidfile,
+                logfile=self.stdout_log,
             )
             action = "started"
         launched = time.monotonic()
         wait_until(
             lambda: broker_answers(self.settings.kafka_bootstrap, timeout=1.0),
-            timeout=60, what="Kafka", logfile=self.logfile, pid=pid,
+            timeout=60,
+            what="Kafka",
+            logfile=self.logfile,
+            pid=pid,
         )
         return {
-            "service": "kafka", "state": action, "version": KAFKA_VERSION, "port": self.port,
+            "service": "kafka",
+            "state": action,
+            "version": KAFKA_VERSION,
+            "port": self.port,
             "ready_seconds": round(time.monotonic() - launched, 2),
             "total_seconds": round(time.monotonic() - started, 2),
         }
@@ -122,9 +137,19 @@ class LocalKafka:
         partial = self.libs.with_name(self.libs.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         result = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-             f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
-            capture_output=True, text=True, check=False,
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(POM),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={partial}",
+                "-DincludeScope=runtime",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
@@ -165,9 +190,20 @@ class LocalKafka:
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         result = subprocess.run(
-            [self._java(), "-cp", f"{self.libs}/*", "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(config)],
-            capture_output=True, text=True, check=False,
+            [
+                self._java(),
+                "-cp",
+                f"{self.libs}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise PinError(f"formatting Kafka storage failed: {result.stderr.strip()[-300:]}")

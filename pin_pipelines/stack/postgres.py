@@ -1,4 +1,4 @@
-"""A PostgreSQL cluster owned by the project (Debian's server binaries, data in the state folder)."""
+"""A PostgreSQL cluster owned by the project: Debian's server binaries, data in the state folder."""
 
 from __future__ import annotations
 
@@ -66,7 +66,10 @@ class LocalPostgres:
         return result
 
     def running(self) -> bool:
-        return self.data.joinpath("PG_VERSION").exists() and self._pg_ctl("status", check=False).returncode == 0
+        return (
+            self.data.joinpath("PG_VERSION").exists()
+            and self._pg_ctl("status", check=False).returncode == 0
+        )
 
     def answers(self) -> bool:
         try:
@@ -83,7 +86,9 @@ class LocalPostgres:
         started = time.monotonic()
         if not self.target.is_local:
             if not self.answers():
-                raise PinError(f"external PostgreSQL at {self.target.host}:{self.target.port} does not answer")
+                raise PinError(
+                    f"external PostgreSQL at {self.target.host}:{self.target.port} does not answer"
+                )
             self._create_databases()
             return {"service": "postgresql", "state": "external", "ready_seconds": 0.0}
         self._init_cluster()
@@ -95,8 +100,11 @@ class LocalPostgres:
         wait_until(self.answers, timeout=60, what="PostgreSQL", logfile=self.logfile)
         self._create_databases()
         return {
-            "service": "postgresql", "state": action, "port": self.target.port,
-            "version": self.server_version(), "ready_seconds": round(time.monotonic() - started, 2),
+            "service": "postgresql",
+            "state": action,
+            "port": self.target.port,
+            "version": self.server_version(),
+            "ready_seconds": round(time.monotonic() - started, 2),
         }
 
     def down(self) -> dict[str, object]:
@@ -107,8 +115,10 @@ class LocalPostgres:
 
     def status(self) -> dict[str, object]:
         return {
-            "service": "postgresql", "managed": self.target.is_local,
-            "state": "running" if self.answers() else "down", "port": self.target.port,
+            "service": "postgresql",
+            "managed": self.target.is_local,
+            "state": "running" if self.answers() else "down",
+            "port": self.target.port,
         }
 
     def server_version(self) -> str:
@@ -124,10 +134,18 @@ class LocalPostgres:
             folder.mkdir(parents=True, exist_ok=True)
             os.chown(folder, uid, gid)
         self.data.chmod(0o700)
-        argv = _as_owner([
-            str(bindir() / "initdb"), "-D", str(self.data), "-U", self.target.user,
-            "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
-        ])
+        argv = _as_owner(
+            [
+                str(bindir() / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                self.target.user,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+            ]
+        )
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise PinError(f"initdb failed: {(result.stderr or result.stdout).strip()[-300:]}")
@@ -155,6 +173,10 @@ class LocalPostgres:
     def _create_databases(self) -> None:
         with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
             for name in (self.target.dbname, DAGSTER_DB):
-                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+                exists = conn.execute(
+                    "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+                ).fetchone()
                 if not exists:
-                    conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+                    conn.execute(
+                        psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name))
+                    )

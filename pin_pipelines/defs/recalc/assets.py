@@ -7,7 +7,7 @@ from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES
 chessboard_sources = [
     dg.AssetSpec(
         key=["chessboard", table],
-        description=f"chessboard.{table} in PostgreSQL, written by the chessboard API (source of truth).",
+        description=f"chessboard.{table} in PostgreSQL, written by the chessboard API.",
         group_name="chessboard",
         kinds={"postgres"},
     )

@@ -8,7 +8,7 @@ from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 
 @dg.asset_check(
     asset=CHESSBOARD_AGGREGATES,
-    description="Fails while any project_recalc_requests row is parked as poison (attempt_count ≥ 5).",
+    description="Fails while any recalc queue row is parked as poison (attempt_count ≥ 5).",
 )
 def no_poisoned_recalc_requests(pin: PinSettings) -> dg.AssetCheckResult:
     rows = poisoned_requests(pin.get().pg_dsn)
@@ -29,7 +29,9 @@ def no_poisoned_recalc_requests(pin: PinSettings) -> dg.AssetCheckResult:
         severity=dg.AssetCheckSeverity.ERROR,
         description=(
             "CHESSBOARD_RECALC_POISON: fix the cause in last_error, then launch "
-            "requeue_poisoned_job with these project_ids" if rows else "no poisoned rows"
+            "requeue_poisoned_job with these project_ids"
+            if rows
+            else "no poisoned rows"
         ),
         metadata={
             "poisoned": len(rows),

@@ -1,6 +1,5 @@
 """The drain job and the runbook's operator jobs (launchable from the launchpad)."""
 
-
 from uuid import UUID
 
 import dagster as dg
@@ -12,12 +11,14 @@ from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
 
 
-class DrainConfig(dg.Config):  # type: ignore[misc]
+class DrainConfig(dg.Config):
     budget_seconds: float = 25.0
 
 
 @dg.op(tags={"kind": "postgres"})
-def drain_recalc_queue(context: dg.OpExecutionContext, config: DrainConfig, pin: PinSettings) -> None:
+def drain_recalc_queue(
+    context: dg.OpExecutionContext, config: DrainConfig, pin: PinSettings
+) -> None:
     """Drain due rows tick after tick until the queue is idle or the budget is spent."""
     # A terminated run interrupts the op mid-project: that project's transaction rolls back
     # whole and its row stays queued (the spec's cancellation rule).
@@ -55,7 +56,7 @@ def recalc_drain_job() -> None:
     drain_recalc_queue()
 
 
-class ProjectIdsConfig(dg.Config):  # type: ignore[misc]
+class ProjectIdsConfig(dg.Config):
     project_ids: list[str]
     reason: str = RecalcReason.MANUAL.value
 
@@ -68,7 +69,9 @@ def _parse_ids(raw: list[str]) -> list[UUID]:
 
 
 @dg.op
-def force_recalc_projects(context: dg.OpExecutionContext, config: ProjectIdsConfig, pin: PinSettings) -> None:
+def force_recalc_projects(
+    context: dg.OpExecutionContext, config: ProjectIdsConfig, pin: PinSettings
+) -> None:
     """Runbook "ручной форс-пересчёт": the projects' queue rows become due now."""
     try:
         reason = RecalcReason(config.reason)
@@ -84,12 +87,14 @@ def force_recalc_job() -> None:
     force_recalc_projects()
 
 
-class RequeueConfig(dg.Config):  # type: ignore[misc]
+class RequeueConfig(dg.Config):
     project_ids: list[str]
 
 
 @dg.op
-def requeue_poisoned_projects(context: dg.OpExecutionContext, config: RequeueConfig, pin: PinSettings) -> None:
+def requeue_poisoned_projects(
+    context: dg.OpExecutionContext, config: RequeueConfig, pin: PinSettings
+) -> None:
     """Runbook for poison rows, after the cause is fixed: reset attempts, due now."""
     for project_id in _parse_ids(config.project_ids):
         requeue_poisoned(pin.get().pg_dsn, project_id)

@@ -1,6 +1,5 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
-
 import os
 
 import dagster as dg

@@ -4,6 +4,12 @@
 -- other: queue row (claim_due_request) → project row (lock_project) → buildings → layouts →
 -- layout groups → project (the recalc_* statements, each updating only rows whose values changed).
 
+-- Every aggregate is a function of its own project's rows only (spec step 4: "по ProjectId = @p"):
+-- an object counts for a building or layout, and a layout for a group, only when both carry the
+-- same project_id. The raisers enqueue the old and new project_id of every edited row, so a row
+-- that references another project's building/layout/group can never leave that project's
+-- aggregates stale (that project is not queued by the edit, and its values do not depend on it).
+
 -- "Ready" below means: due, not poisoned, and (after a failure) past its retry interval.
 
 -- name: count_due_requests()$
@@ -39,7 +45,7 @@ WITH truth AS (
            count(po.id) FILTER (WHERE po.status = 'Free') AS free
     FROM chessboard.buildings b
     LEFT JOIN chessboard.property_objects po
-           ON po.building_id = b.id AND po.deleted_at IS NULL
+           ON po.building_id = b.id AND po.project_id = b.project_id AND po.deleted_at IS NULL
     WHERE b.project_id = :project_id
     GROUP BY b.id
 ), changed AS (
@@ -60,7 +66,8 @@ WITH truth AS (
     SELECT l.id, count(po.id) AS objects
     FROM chessboard.layouts l
     LEFT JOIN chessboard.property_objects po
-           ON po.layout_id = l.id AND po.deleted_at IS NULL AND po.status <> 'Hidden'
+           ON po.layout_id = l.id AND po.project_id = l.project_id
+          AND po.deleted_at IS NULL AND po.status <> 'Hidden'
     WHERE l.project_id = :project_id
     GROUP BY l.id
 ), changed AS (
@@ -90,7 +97,8 @@ WITH truth AS (
     SELECT g.id, count(l.id) AS layouts,
            min(l.total_area) AS area_min, max(l.total_area) AS area_max
     FROM chessboard.layout_groups g
-    LEFT JOIN chessboard.layouts l ON l.layout_group_id = g.id AND l.deleted_at IS NULL
+    LEFT JOIN chessboard.layouts l
+           ON l.layout_group_id = g.id AND l.project_id = g.project_id AND l.deleted_at IS NULL
     WHERE g.project_id = :project_id
     GROUP BY g.id
 ), changed AS (
