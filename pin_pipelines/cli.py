@@ -44,7 +44,7 @@ def cmd_stack(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.stack import services
 
     action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
-    results = action(settings, clickhouse_server=args.clickhouse_server)
+    results = action(settings, clickhouse_server_too=args.clickhouse_server)
     for result in results:
         print(services.describe(result), file=sys.stderr)
     _summary({"services": results})
@@ -127,7 +127,7 @@ def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
 
 def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.clickhouse import open_clickhouse
-    from pin_pipelines.devstats.labels import labels
+    from pin_pipelines.devstats.dim import labels
 
     if not args.ids:
         raise PinError("--ids needs at least one UUID")

@@ -20,9 +20,16 @@ TEST_PG_DSN = os.environ.get("PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1
 os.environ["PIN_PG_DSN"] = TEST_PG_DSN
 os.environ.setdefault("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
+pytest_plugins = ["tests.integration.clickhouse_fixtures"]
+
 CHESSBOARD_TABLES = (
-    "property_objects", "layouts", "layout_groups", "buildings", "projects",
-    "project_recalc_requests", "outbox_events",
+    "property_objects",
+    "layouts",
+    "layout_groups",
+    "buildings",
+    "projects",
+    "project_recalc_requests",
+    "outbox_events",
 )
 
 

@@ -19,6 +19,7 @@ from psycopg import errors as pg_errors
 
 from pin_pipelines.db import connection, queries
 from pin_pipelines.logs import log_event
+from pin_pipelines.metrics.recording import record_outcome, record_tick
 
 log = logging.getLogger("pin_pipelines.recalc")
 
@@ -116,11 +117,13 @@ def drain_tick(
             if should_stop():
                 summary.stopped_early = True
                 break
-            result = _process_next(conn, summary.correlation_id)
+            attempted = [r.project_id for r in summary.results]
+            result = _process_next(conn, summary.correlation_id, attempted)
             if result is None:
                 break
             summary.results.append(result)
         summary.poisoned = int(q.count_poisoned(conn))
+        record_tick(conn)  # worker liveness, also for a tick with nothing due
     if summary.poisoned:
         log_event(
             log,
@@ -132,12 +135,15 @@ def drain_tick(
     return summary
 
 
-def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResult | None:
+def _process_next(
+    conn: psycopg.Connection, correlation_id: str, attempted: list[UUID]
+) -> ProjectResult | None:
     q = queries("recalc")
     with conn.transaction():
         conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        claim = q.claim_due_request(conn)
+        # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
+        claim = q.claim_due_request(conn, attempted=attempted)
         if claim is None:
             return None
         project_id, tenant_id, last_reason, requested_count, attempt_count, waited = claim
@@ -156,6 +162,7 @@ def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResul
         except pg_errors.LockNotAvailable:
             result = ProjectResult(project_id, "deferred", time.perf_counter() - started)
             log_event(log, "project_recalc_deferred", **context, reason="row lock held elsewhere")
+            record_outcome(conn, result)
             return result
         except Exception as exc:
             if conn.closed or conn.broken:
@@ -165,6 +172,7 @@ def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResul
             result = ProjectResult(
                 project_id, "failed", time.perf_counter() - started, error=error[:1024]
             )
+            record_outcome(conn, result)  # counters commit with the failed attempt
             log_event(
                 log,
                 "project_recalc_failed",
@@ -174,6 +182,7 @@ def _process_next(conn: psycopg.Connection, correlation_id: str) -> ProjectResul
                 error=error[:1024],
             )
             return result
+        record_outcome(conn, result)  # counters commit with the recalc (or the archived skip)
     if result.outcome == "skipped_archived":
         log_event(log, "project_skipped_archived", **context)
     else:

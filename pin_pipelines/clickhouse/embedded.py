@@ -57,7 +57,8 @@ class EmbeddedClickHouse(ClickHouse):
         rows: Sequence[Sequence[Any]],
         dedup_token: str | None = None,
     ) -> None:
-        """chdb has no insert API: the rows go inline as JSONEachRow, which needs no SQL escaping.
+        """chdb has no insert API: the rows go inline as one JSON array of objects (JSONEachRow
+        accepts it), which needs no SQL escaping and is encoded in one C-speed `json.dumps`.
 
         Times are sent as ISO-8601 with their offset and parsed best-effort, so the stored instant
         does not depend on the process's time zone.
@@ -67,15 +68,16 @@ class EmbeddedClickHouse(ClickHouse):
         settings = "date_time_input_format = 'best_effort'"
         if dedup_token is not None:
             settings += f", insert_deduplication_token = {literal(dedup_token)}"
-        payload = "\n".join(
-            json.dumps(
-                dict(zip(columns, row, strict=True)), default=_json_value, ensure_ascii=False
-            )
-            for row in rows
+        payload = json.dumps(
+            [
+                {column: _plain(value) for column, value in zip(columns, row, strict=True)}
+                for row in rows
+            ],
+            ensure_ascii=False,
         )
         self._query(
             f"INSERT INTO {table} ({', '.join(columns)}) SETTINGS {settings} "
-            f"FORMAT JSONEachRow\n{payload}",
+            f"FORMAT JSONEachRow {payload}",
             "Null",
         )
 
@@ -156,9 +158,10 @@ def _converter(ch_type: str) -> Callable[[Any], Any]:
     return lambda value: None if value is None else convert(value)
 
 
-def _json_value(value: object) -> str:
+def _plain(value: object) -> object:
+    """A value JSON can encode as ClickHouse parses it."""
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, date):  # datetime included
         return value.isoformat()
-    raise TypeError(f"cannot send {type(value).__name__} to ClickHouse: {value!r}")
+    return value

@@ -13,7 +13,9 @@ from uuid import UUID
 Scalar = str | int | float | bool | UUID | None
 Param = Scalar | list[Scalar] | tuple[Scalar, ...] | Set[Scalar]
 
-_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+_ESCAPES = str.maketrans(
+    {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+)
 
 
 def literal(value: Param) -> str:
@@ -24,8 +26,10 @@ def literal(value: Param) -> str:
         return "1" if value else "0"
     if isinstance(value, int | float):
         return repr(value)
-    if isinstance(value, str | UUID):
-        return "'" + "".join(_ESCAPES.get(c, c) for c in str(value)) + "'"
+    if isinstance(value, UUID):
+        return f"'{value}'"  # hex digits and dashes only
+    if isinstance(value, str):
+        return "'" + value.translate(_ESCAPES) + "'"
     items = sorted(value, key=str) if isinstance(value, Set) else list(value)
     if not items:
         raise ValueError("an empty collection cannot be rendered (`IN ()` is not valid SQL)")

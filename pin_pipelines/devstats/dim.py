@@ -2,7 +2,7 @@
 `sql/clickhouse/queries/dim_layout_group.sql`.
 
 Reads on behalf of a developer filter `DeveloperId` = the actor (spec 003, security); only the
-loader's guard and the operator's freshness read see every developer.
+loader's version guard sees every developer.
 """
 
 from __future__ import annotations
@@ -32,28 +32,23 @@ class LayoutGroup:
     source_version: int
 
 
-@dataclass(frozen=True)
-class Freshness:
-    rows: int
-    newest_upserted_at: int | None  # unix seconds; None while the table is empty
-    age_seconds: int | None
-
-
 def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[UUID, int]:
     """The current SourceVersion of each stored group among `ids` (absent ones are missing)."""
     if not ids:
         return {}
-    found = ch.rows(QUERIES["stored_versions"], {"ids": tuple(ids)})
-    return {UUID(str(gid)): int(version) for gid, version in found}
+    found = ch.rows(QUERIES["stored_versions"], {"ids": ",".join(map(str, ids))})
+    return {gid: int(version) for gid, version in found}
 
 
 def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
-    """One insert for the whole batch. The dedup token is a hash of the rows, so a retry of the same
-    batch is recognised by servers that deduplicate inserts."""
-    rows = [event.row() for event in events]
-    token = hashlib.sha256(repr(rows).encode()).hexdigest()
-    ch.insert(TABLE, COLUMNS, rows, dedup_token=token)
-    return len(rows)
+    """One insert for the whole batch. The dedup token hashes the (group, version) pairs, which
+    identify the rows, so a retry of the same batch is recognised where inserts are deduplicated."""
+    batch = list(events)
+    digest = hashlib.sha256()
+    for event in batch:
+        digest.update(event.id.bytes + event.version.to_bytes(8, "big"))
+    ch.insert(TABLE, COLUMNS, [event.row() for event in batch], dedup_token=digest.hexdigest())
+    return len(batch)
 
 
 def labels(ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID]) -> dict[str, str]:
@@ -81,10 +76,3 @@ def groups(ch: ClickHouse, developer_id: UUID) -> list[LayoutGroup]:
             QUERIES["groups"], {"developer_id": developer_id}
         )
     ]
-
-
-def freshness(ch: ClickHouse) -> Freshness:
-    rows, newest, now = ch.rows(QUERIES["freshness"])[0]
-    if not rows:
-        return Freshness(rows=0, newest_upserted_at=None, age_seconds=None)
-    return Freshness(rows=int(rows), newest_upserted_at=int(newest), age_seconds=int(now - newest))

@@ -10,6 +10,7 @@ the commit replays the batch, and the version guard makes the replay a no-op for
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -20,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
 from pin_pipelines.config import Settings
+from pin_pipelines.db import connection
 from pin_pipelines.devstats.dim import insert_events, stored_versions
 from pin_pipelines.devstats.events import (
     BadEvent,
@@ -29,6 +31,9 @@ from pin_pipelines.devstats.events import (
 )
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
+from pin_pipelines.metrics.recording import record_loader_batch
+
+log = logging.getLogger("pin_pipelines.devstats")
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
@@ -70,9 +75,25 @@ def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSum
     options = options or LoadOptions()
     with (
         open_clickhouse(settings.clickhouse_url) as ch,
-        _kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
+        kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
     ):
-        return _Cycle(ch, consumer, settings.kafka_bootstrap, options).run()
+        summary = _Cycle(ch, consumer, settings.kafka_bootstrap, options).run()
+    _record_counters(settings.pg_dsn, summary)
+    return summary
+
+
+def _record_counters(pg_dsn: str, summary: LoadSummary) -> None:
+    """The exporter's inserted/skipped counters live in PostgreSQL. Best effort, after the offsets
+    are committed: the load has succeeded, and a lost count must not turn it into a failure."""
+    if not (summary.inserted or summary.skipped_stale):
+        return
+    try:
+        with connection(pg_dsn, autocommit=True) as conn:
+            record_loader_batch(
+                conn, inserted=summary.inserted, skipped_stale=summary.skipped_stale
+            )
+    except PinError as exc:
+        log.warning("loader counters not recorded: %s", exc)
 
 
 def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
@@ -80,10 +101,10 @@ def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSumm
     what is stored, so the dimension ends the same). Bad messages are dead-lettered again; the DLQ
     headers (source topic, partition, offset) identify repeats."""
     options = options or LoadOptions()
-    with _kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
+    with kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
         beginnings = [
-            TopicPartition(options.topic, p, _watermarks(consumer, options.topic, p)[0])
-            for p in _partitions(consumer, options.topic)
+            TopicPartition(options.topic, p, watermarks(consumer, options.topic, p)[0])
+            for p in topic_partitions(consumer, options.topic)
         ]
         if beginnings:
             _commit(consumer, beginnings)
@@ -91,7 +112,7 @@ def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSumm
 
 
 @contextmanager
-def _kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
+def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
     """A consumer for explicit assignment: no rebalance wait, and commits only by the loader."""
     consumer = Consumer(
         {
@@ -101,6 +122,8 @@ def _kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": True,
+            # A short fetch long-poll: offset requests for the lag queue behind a pending fetch.
+            "fetch.wait.max.ms": 100,
             "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
         }
     )
@@ -122,11 +145,12 @@ class _Cycle:
         self.options = options
         self.summary = LoadSummary()
         self.producer: Producer | None = None
+        self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
         topic = self.options.topic
-        partitions = _partitions(self.consumer, topic)
+        partitions = topic_partitions(self.consumer, topic)
         committed = (
             {
                 tp.partition: tp.offset
@@ -137,28 +161,39 @@ class _Cycle:
             if partitions
             else {}
         )
-        ends: dict[int, int] = {}  # partition → high watermark at start, for partitions with work
-        starts = []
+        starts: dict[int, int] = {}  # partition → first offset to read, where there is work
+        ends: dict[int, int] = {}  # partition → high watermark at start
         for p in partitions:
-            low, high = _watermarks(self.consumer, topic, p)
+            low, high = watermarks(self.consumer, topic, p)
             start = max(committed.get(p, -1), low)
             if start < high:
-                ends[p] = high
-                starts.append(TopicPartition(topic, p, start))
+                starts[p], ends[p] = start, high
         if starts:
-            self.consumer.assign(starts)
-            self._consume(ends, deadline=started + self.options.max_seconds)
+            self.consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+            self._consume(starts, ends, deadline=started + self.options.max_seconds)
         self.summary.lag = self._lag(partitions)
         self.summary.seconds = round(time.monotonic() - started, 3)
         return self.summary
 
-    def _consume(self, ends: dict[int, int], deadline: float) -> None:
-        """Poll until every partition reached its start watermark or the deadline passed."""
+    def _consume(self, nexts: dict[int, int], ends: dict[int, int], deadline: float) -> None:
+        """Poll until every partition reached its start watermark or the deadline passed.
+
+        Asking `consume` for no more than is left makes it return as soon as that has arrived,
+        instead of waiting out its timeout for a full batch.
+        """
         pending = dict(ends)
+        try:
+            self._drain(pending, nexts, deadline)
+        finally:  # keep the progress of stored batches, also when a later batch fails
+            self._commit_applied(asynchronous=False)
+        self.summary.complete = not pending
+
+    def _drain(self, pending: dict[int, int], nexts: dict[int, int], deadline: float) -> None:
         batch: list[Message] = []
         batch_started = 0.0
         while pending and time.monotonic() < deadline:
-            wanted = self.options.batch_size - len(batch)
+            left = sum(pending[p] - nexts[p] for p in pending)
+            wanted = max(1, min(self.options.batch_size - len(batch), left))
             for msg in self.consumer.consume(num_messages=wanted, timeout=1.0):
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
@@ -169,6 +204,7 @@ class _Cycle:
                 if err is None and offset < pending[p]:
                     batch_started = batch_started if batch else time.monotonic()
                     batch.append(msg)
+                    nexts[p] = offset + 1
                 if err is not None or offset + 1 >= pending[p]:
                     del pending[p]
                     self.consumer.pause([TopicPartition(self.options.topic, p)])
@@ -176,10 +212,19 @@ class _Cycle:
             due = time.monotonic() - batch_started >= self.options.batch_seconds
             if batch and (full or due or not pending):
                 self._apply(batch)
+                self._commit_applied(asynchronous=True)
                 batch = []
         if batch:
             self._apply(batch)
-        self.summary.complete = not pending
+
+    def _commit_applied(self, *, asynchronous: bool) -> None:
+        """Commit what is stored: asynchronously after each batch (a lost commit only replays
+        applied events, which the guard skips), synchronously at the end, covering them all."""
+        offsets = [TopicPartition(self.options.topic, p, o) for p, o in self.applied.items()]
+        if asynchronous:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        elif offsets:
+            _commit(self.consumer, offsets)
 
     def _apply(self, batch: Sequence[Message]) -> None:
         events: list[LayoutGroupUpserted] = []
@@ -191,12 +236,8 @@ class _Cycle:
                 bad.append((msg, str(exc)))
         inserted = self._retrying(lambda: self._write(events)) if events else 0
         self._dead_letter(bad)
-        last: dict[int, int] = {}
         for p, offset in map(_position, batch):
-            last[p] = max(last.get(p, -1), offset)
-        _commit(
-            self.consumer, [TopicPartition(self.options.topic, p, o + 1) for p, o in last.items()]
-        )
+            self.applied[p] = max(self.applied.get(p, 0), offset + 1)
         self.summary.batches += 1
         self.summary.consumed += len(batch)
         self.summary.inserted += inserted
@@ -222,8 +263,8 @@ class _Cycle:
                 if attempt >= self.options.attempts:
                     raise ClickHouseUnavailable(
                         f"{exc} (gave up after {attempt} attempts in "
-                        f"{time.monotonic() - started:.1f}s; no offsets committed, the next run "
-                        "replays from the last commit)"
+                        f"{time.monotonic() - started:.1f}s; this batch's offsets are not "
+                        "committed, the next run replays it)"
                     ) from exc
                 time.sleep(self.options.backoff_seconds * 2 ** (attempt - 1))
 
@@ -263,7 +304,7 @@ class _Cycle:
             raise PinError(
                 f"could not write {left + len(failures)} unreadable events to "
                 f"{self.options.dlq_topic} at {self.bootstrap}"
-                f"{': ' + failures[0] if failures else ''}; no offsets committed"
+                f"{': ' + failures[0] if failures else ''}; this batch's offsets are not committed"
             )
 
     def _lag(self, partitions: Sequence[int]) -> dict[int, int]:
@@ -275,7 +316,7 @@ class _Cycle:
         )
         lag = {}
         for tp in committed:
-            low, high = _watermarks(self.consumer, topic, tp.partition)
+            low, high = watermarks(self.consumer, topic, tp.partition)
             lag[tp.partition] = high - max(tp.offset, low)
         return lag
 
@@ -295,7 +336,7 @@ def _position(msg: Message) -> tuple[int, int]:
     return (-1 if partition is None else partition), (-1 if offset is None else offset)
 
 
-def _partitions(consumer: Consumer, topic: str) -> list[int]:
+def topic_partitions(consumer: Consumer, topic: str) -> list[int]:
     """The topic's partitions; none when the topic does not exist yet (nothing to load)."""
     metadata = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT)
     found = metadata.topics.get(topic)
@@ -304,7 +345,7 @@ def _partitions(consumer: Consumer, topic: str) -> list[int]:
     return sorted(found.partitions)
 
 
-def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
     low, high = consumer.get_watermark_offsets(
         TopicPartition(topic, partition), timeout=KAFKA_TIMEOUT, cached=False
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -51,31 +50,45 @@ def new_producer(bootstrap: str, delivery_timeout: float) -> Producer:
     )
 
 
-def send(
-    producer: Producer, messages: Sequence[tuple[str, str, bytes]], timeout: float
-) -> list[Report]:
-    """Produce (topic, key, value) messages and wait for every delivery report, within `timeout`."""
-    reports: list[Report | None] = [None] * len(messages)
-    deadline = time.monotonic() + timeout
-    for index, (topic, key, value) in enumerate(messages):
-        callback = partial(_store, reports, index)
+class Sender:
+    """Messages produced since the last `wait`, with their delivery reports in produce order.
+
+    Producing is asynchronous: librdkafka sends while the caller fetches the next rows.
+    """
+
+    def __init__(self, producer: Producer, timeout: float) -> None:
+        self.producer = producer
+        self.timeout = timeout
+        self._reports: list[Report | None] = []
+
+    def produce(self, topic: str, key: str, value: bytes) -> None:
+        index = len(self._reports)
+        self._reports.append(None)
+        callback = partial(_store, self._reports, index)
+        deadline = None
         while True:
             try:
-                producer.produce(topic, value, key, on_delivery=callback)
-                break
-            except BufferError:  # local queue full: let librdkafka drain it, within the deadline
+                self.producer.produce(topic, value, key, on_delivery=callback)
+                return
+            except BufferError:  # local queue full: let librdkafka drain it, within the timeout
+                deadline = deadline or time.monotonic() + self.timeout
                 if time.monotonic() > deadline:
-                    reports[index] = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
-                    break
-                producer.poll(0.05)
+                    self._reports[index] = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
+                    return
+                self.producer.poll(0.05)
             except KafkaException as exc:  # refused before sending (e.g. too large)
-                reports[index] = (exc.args[0], None)
-                break
-    if producer.flush(max(deadline - time.monotonic(), 0)) > 0:
-        producer.purge()  # the rest fail with _PURGE_* reports; they stay in the outbox
-        producer.flush(0)
-    timed_out: Report = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
-    return [report or timed_out for report in reports]
+                self._reports[index] = (exc.args[0], None)
+                return
+
+    def wait(self) -> list[Report]:
+        """Every report of the messages produced so far, within the timeout."""
+        if self.producer.flush(self.timeout) > 0:
+            self.producer.purge()  # the rest fail with _PURGE_* reports; they stay in the outbox
+            self.producer.flush(0)
+        timed_out: Report = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
+        reports = [report or timed_out for report in self._reports]
+        self._reports = []
+        return reports
 
 
 def _store(reports: list[Report | None], index: int, err: KafkaError | None, msg: Message) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 
@@ -20,15 +21,40 @@ class RelaySummary:
     lag_seconds: float = 0.0
     duration_seconds: float = 0.0
 
-    def count_published(self, topic: str, partition: int, offset: int) -> None:
-        self.published += 1
-        self.published_by_topic[topic] = self.published_by_topic.get(topic, 0) + 1
-        partitions = self.offsets.setdefault(topic, {})
-        partitions[partition] = max(partitions.get(partition, -1), offset)
+    def add_batch(
+        self,
+        published: Mapping[str, int],
+        dead_lettered: Mapping[str, int],
+        offsets: Mapping[tuple[str, int], int],
+    ) -> None:
+        """A batch's counts per topic and its last offset per (topic, partition)."""
+        self._add(published, dead_lettered, offsets)
+        self.batches += 1
 
-    def count_dead_lettered(self, topic: str) -> None:
-        self.dead_lettered += 1
-        self.dead_lettered_by_topic[topic] = self.dead_lettered_by_topic.get(topic, 0) + 1
+    def merge(self, later: RelaySummary) -> None:
+        """Fold a later run in (a job relaying several times reports one total): counts add up,
+        the backlog is the later run's."""
+        offsets = {(t, p): o for t, parts in later.offsets.items() for p, o in parts.items()}
+        self._add(later.published_by_topic, later.dead_lettered_by_topic, offsets)
+        self.batches += later.batches
+        self.pending, self.lag_seconds = later.pending, later.lag_seconds
+        self.duration_seconds += later.duration_seconds
+
+    def _add(
+        self,
+        published: Mapping[str, int],
+        dead_lettered: Mapping[str, int],
+        offsets: Mapping[tuple[str, int], int],
+    ) -> None:
+        for topic, count in published.items():
+            self.published += count
+            self.published_by_topic[topic] = self.published_by_topic.get(topic, 0) + count
+        for topic, count in dead_lettered.items():
+            self.dead_lettered += count
+            self.dead_lettered_by_topic[topic] = self.dead_lettered_by_topic.get(topic, 0) + count
+        for (topic, partition), offset in offsets.items():
+            partitions = self.offsets.setdefault(topic, {})
+            partitions[partition] = max(partitions.get(partition, -1), offset)
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready (partition numbers become string keys, as JSON requires)."""

@@ -41,15 +41,24 @@ def read_pid(pidfile: Path) -> int | None:
 
 
 def start_detached(
-    argv: Sequence[str], *, pidfile: Path, logfile: Path, cwd: Path | None = None,
+    argv: Sequence[str],
+    *,
+    pidfile: Path,
+    logfile: Path,
+    cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> int:
     """Start `argv` in its own session (it outlives this process), output appended to `logfile`."""
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
         proc = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=cwd, env=env, start_new_session=True,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
         )
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
@@ -72,7 +81,11 @@ def stop_pid(pidfile: Path, *, grace_seconds: float = 30.0) -> bool:
 
 
 def wait_until(
-    check: Callable[[], bool], *, timeout: float, what: str, logfile: Path | None = None,
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    logfile: Path | None = None,
     pid: int | None = None,
 ) -> float:
     """Poll `check` until true; returns the seconds it took, or raises with the log's tail."""

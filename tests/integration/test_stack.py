@@ -40,10 +40,13 @@ def test_kafka_produce_consume_round_trip(kafka_bootstrap: str) -> None:
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     producer.produce(topic, key=b"k1", value=b'{"hello": "kafka"}')
     assert producer.flush(15) == 0
-    consumer = Consumer({
-        "bootstrap.servers": kafka_bootstrap, "group.id": f"rt-{uuid.uuid4().hex}",
-        "auto.offset.reset": "earliest",
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"rt-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([topic])
     try:
         for _ in range(60):
@@ -59,9 +62,11 @@ def test_kafka_produce_consume_round_trip(kafka_bootstrap: str) -> None:
 def test_pin_reports_postgres_down_in_one_line() -> None:
     """Tried: drain, request and migrate against a port where no PostgreSQL listens."""
     env = {"PIN_PG_DSN": "postgresql://postgres@127.0.0.1:1/pin"}
-    for args in (("recalc", "drain", "--once"),
-                 ("recalc", "request", "--project-id", str(uuid.uuid4())),
-                 ("db", "migrate")):
+    for args in (
+        ("recalc", "drain", "--once"),
+        ("recalc", "request", "--project-id", str(uuid.uuid4())),
+        ("db", "migrate"),
+    ):
         assert_one_line_error(run_pin(*args, env=env), "PostgreSQL", "unreachable")
 
 
@@ -75,6 +80,7 @@ def test_pin_rejects_bad_arguments_in_one_line() -> None:
     """Tried: a malformed UUID, a missing required option, an unknown command."""
     assert_one_line_error(run_pin("recalc", "request", "--project-id", "not-a-uuid"), "UUID")
     assert_one_line_error(run_pin("recalc", "requeue"), "--project-id")
-    assert_one_line_error(run_pin("devstats", "labels", "--developer-id", str(uuid.uuid4()),
-                                  "--ids", "x"), "UUID")
+    assert_one_line_error(
+        run_pin("devstats", "labels", "--developer-id", str(uuid.uuid4()), "--ids", "x"), "UUID"
+    )
     assert_one_line_error(run_pin("nonsense"))

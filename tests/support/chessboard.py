@@ -9,7 +9,9 @@ from uuid import UUID
 import psycopg
 
 
-def make_project(conn: psycopg.Connection, *, status: str = "Published", tenant_id: UUID | None = None) -> UUID:
+def make_project(
+    conn: psycopg.Connection, *, status: str = "Published", tenant_id: UUID | None = None
+) -> UUID:
     project_id = uuid.uuid4()
     conn.execute(
         "INSERT INTO chessboard.projects (id, tenant_id, name, status) VALUES (%s, %s, %s, %s)",
@@ -49,8 +51,13 @@ def make_layout(
 
 
 def make_object(
-    conn: psycopg.Connection, project_id: UUID, building_id: UUID, layout_id: UUID | None,
-    *, status: str = "Free", price: Decimal | int = 1000,
+    conn: psycopg.Connection,
+    project_id: UUID,
+    building_id: UUID,
+    layout_id: UUID | None,
+    *,
+    status: str = "Free",
+    price: Decimal | int = 1000,
 ) -> UUID:
     object_id = uuid.uuid4()
     conn.execute(
@@ -63,4 +70,6 @@ def make_object(
 
 def make_all_due(conn: psycopg.Connection) -> None:
     """Skip the debounce wait: tests of the drain do not test the clock."""
-    conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    conn.execute(
+        "UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'"
+    )

@@ -12,10 +12,16 @@ from typing import Any
 PIN = str(Path(sys.executable).with_name("pin"))
 
 
-def run_pin(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def run_pin(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PIN, *args], env={**os.environ, **(env or {})}, capture_output=True, text=True,
-        timeout=timeout, check=False,
+        [PIN, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

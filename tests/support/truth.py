@@ -22,7 +22,9 @@ def _max(values: list[Decimal]) -> Decimal | None:
 
 def expected_aggregates(conn: psycopg.Connection) -> Snapshot:
     """Spec 000, step 4: free = live and Free; active = live and not Hidden; live layout = not
-    soft-deleted. Empty sets give NULL bounds and 0 counters."""
+    soft-deleted; every formula is taken over the project's own rows ("по ProjectId = @p"), so a
+    row referencing another project's building/layout/group does not count there. Empty sets
+    give NULL bounds and 0 counters."""
     projects = [r[0] for r in conn.execute("SELECT id FROM chessboard.projects")]
     buildings = conn.execute("SELECT id, project_id FROM chessboard.buildings").fetchall()
     groups = conn.execute("SELECT id, project_id FROM chessboard.layout_groups").fetchall()
@@ -47,15 +49,15 @@ def expected_aggregates(conn: psycopg.Connection) -> Snapshot:
             sum(1 for o in active if o[1] == pid),
             len(prices),
         )
-    for bid, _pid in buildings:
+    for bid, pid in buildings:
         result["buildings"][bid] = (
-            sum(1 for o in active if o[2] == bid),
-            sum(1 for o in free if o[2] == bid),
+            sum(1 for o in active if o[2] == bid and o[1] == pid),
+            sum(1 for o in free if o[2] == bid and o[1] == pid),
         )
-    for lid, *_ in layouts:
-        result["layouts"][lid] = (sum(1 for o in active if o[3] == lid),)
-    for gid, _pid in groups:
-        areas = [lay[3] for lay in layouts if lay[2] == gid and lay[4] is None]
+    for lid, pid, *_ in layouts:
+        result["layouts"][lid] = (sum(1 for o in active if o[3] == lid and o[1] == pid),)
+    for gid, pid in groups:
+        areas = [lay[3] for lay in layouts if lay[2] == gid and lay[1] == pid and lay[4] is None]
         result["layout_groups"][gid] = (len(areas), _min(areas), _max(areas))
     return result
 

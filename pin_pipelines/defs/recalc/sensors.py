@@ -8,14 +8,9 @@ from pin_pipelines.chessboard.drain import seconds_until_next_due
 from pin_pipelines.config import Settings
 from pin_pipelines.defs.recalc.checks import poison_check_job
 from pin_pipelines.defs.recalc.jobs import recalc_drain_job
+from pin_pipelines.defs.runs import runs_in_flight
 from pin_pipelines.errors import PinError
 
-IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 #: A row due within this many seconds is worth a launch now: launching takes seconds itself,
 #: and the run waits for rows that fall due during its budget.
 LOOKAHEAD_SECONDS = 5.0
@@ -41,12 +36,10 @@ def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | 
         return dg.SkipReason("queue is empty")
     if next_due > LOOKAHEAD_SECONDS:
         return dg.SkipReason(f"next row is due in {next_due:.0f}s")
-    in_flight = context.instance.get_run_records(
-        dg.RunsFilter(job_name=recalc_drain_job.name, statuses=IN_FLIGHT), limit=max_drain_runs()
-    )
+    in_flight = runs_in_flight(context, recalc_drain_job.name, limit=max_drain_runs())
     # One run drains until idle; a second one is added only when the first cannot keep up.
-    if in_flight and (next_due > -LOOKAHEAD_SECONDS or len(in_flight) >= max_drain_runs()):
-        return dg.SkipReason(f"{len(in_flight)} drain run(s) already queued or running")
+    if in_flight and (next_due > -LOOKAHEAD_SECONDS or in_flight >= max_drain_runs()):
+        return dg.SkipReason(f"{in_flight} drain run(s) already queued or running")
     return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
 
 

@@ -19,16 +19,20 @@ FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
   AND (r.attempt_count = 0 OR r.updated_at + s.retry_interval <= now());
 
--- name: claim_due_request()^
+-- name: claim_due_request(attempted)^
 -- One due row, oldest due_at first, locked for the rest of this project's transaction.
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
 -- share the queue and no project is recalculated twice at once. Poisoned rows (attempt_count
 -- at the threshold) are left for triage and can never block the rows behind them.
+-- `attempted` (uuid[]): projects this tick already tried; a failed or deferred row is retried
+-- on a later tick (spec), never again in the same one however short retry_interval is; NULL
+-- (pgbench, bench/) excludes nothing.
 SELECT r.project_id, r.tenant_id, r.last_reason, r.requested_count, r.attempt_count,
        extract(epoch FROM now() - r.first_requested_at)::float8 AS waited_seconds
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
   AND (r.attempt_count = 0 OR r.updated_at + s.retry_interval <= now())
+  AND r.project_id <> ALL (coalesce(:attempted::uuid[], '{}'))
 ORDER BY r.due_at
 LIMIT 1
 FOR UPDATE OF r SKIP LOCKED;

@@ -1,0 +1,194 @@
+"""Outbox relay benchmark (issue 4); not a test. Prints ONE JSON line.
+
+1. Throughput: a backlog of N layout-group events is relayed by `relay_once`; the same payloads
+   are then sent from memory by a plain confluent-kafka producer with the same delivery guarantees
+   (idempotent, acks=all). Ratio = relay / plain (goal >= 0.5).
+2. Lag: the drain's insert pattern at a steady rate (default 1,000 events/s, 100 per commit) for
+   a few seconds while a continuous relay (`OutboxRelay.run_until`, its own process) publishes;
+   a consumer measures arrival time - CreatedAt per event. Goal: p99 < 2 s.
+
+Usage: .venv/bin/python bench/bench_relay.py [--events 200000] [--rate 1000] [--seconds 20]
+Uses PIN_PG_DSN / PIN_KAFKA_BOOTSTRAP and TRUNCATEs chessboard.outbox_events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from pin_pipelines.config import Settings
+from pin_pipelines.db import connect
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
+from pin_pipelines.migrate import migrate_postgres
+from pin_pipelines.relay import OutboxRelay, relay_once, topic_end_offsets
+
+# The drain's shape: one statement inserting a burst of layout-group snapshots, `keys` entities.
+INSERT_EVENTS = """
+INSERT INTO chessboard.outbox_events (topic, message_key, payload)
+SELECT %(topic)s, k.id::text, jsonb_build_object(
+    'ContractVersion', 1, 'EventId', gen_random_uuid(),
+    'CreatedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    'Id', k.id, 'Version', %(version)s + g / %(keys)s, 'ProjectId', %(project)s::uuid,
+    'TenantId', %(tenant)s::uuid, 'Name', 'Секция ' || g, 'SortOrder', g %% 50,
+    'IsArchived', false, 'LayoutsCount', g %% 40, 'AreaMin', 31.5, 'AreaMax', 118.25)
+FROM generate_series(0, %(count)s - 1) g
+JOIN LATERAL (SELECT (%(ids)s::uuid[])[1 + g %% %(keys)s] AS id) k ON true
+"""
+
+
+def insert_events(conn, count: int, keys: list[str], version: int = 1) -> None:
+    conn.execute(
+        INSERT_EVENTS,
+        {
+            "topic": TOPIC_LAYOUT_GROUP,
+            "ids": keys,
+            "keys": len(keys),
+            "count": count,
+            "version": version,
+            "project": str(uuid.uuid4()),
+            "tenant": str(uuid.uuid4()),
+        },
+    )
+
+
+def throughput(settings: Settings, events: int) -> dict[str, float]:
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE chessboard.outbox_events")
+        insert_events(conn, events, [str(uuid.uuid4()) for _ in range(events // 10)])
+        messages = conn.execute(
+            "SELECT message_key, payload::text FROM chessboard.outbox_events ORDER BY id"
+        ).fetchall()
+        conn.execute("VACUUM ANALYZE chessboard.outbox_events")
+
+    started = time.perf_counter()
+    summary = relay_once(settings)
+    relay_seconds = time.perf_counter() - started
+    assert summary.published == events, summary.as_dict()
+
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    started = time.perf_counter()
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(TOPIC_LAYOUT_GROUP, value.encode(), key)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    assert producer.flush(60) == 0
+    plain_seconds = time.perf_counter() - started
+    relay_rate, plain_rate = events / relay_seconds, events / plain_seconds
+    return {
+        "throughput_events": events,
+        "relay_events_per_s": round(relay_rate),
+        "plain_producer_events_per_s": round(plain_rate),
+        "ratio": round(relay_rate / plain_rate, 3),
+    }
+
+
+def _relay_worker(stop: Any) -> None:
+    """A continuous relay in its own process (multiprocessing Event `stop` ends it)."""
+    thread_stop = threading.Event()
+
+    def relay_stop() -> None:
+        stop.wait()
+        thread_stop.set()
+
+    threading.Thread(target=relay_stop, daemon=True).start()
+    with OutboxRelay(Settings.from_env()) as relay:
+        relay.run_until(thread_stop, idle_seconds=0.05)
+
+
+def lag(settings: Settings, rate: int, seconds: float) -> dict[str, float]:
+    per_commit = max(rate // 10, 1)
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE chessboard.outbox_events")
+    start_offsets = topic_end_offsets(settings.kafka_bootstrap, [TOPIC_LAYOUT_GROUP])
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"bench-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer.assign(
+        [
+            TopicPartition(TOPIC_LAYOUT_GROUP, p, o)
+            for p, o in start_offsets[TOPIC_LAYOUT_GROUP].items()
+        ]
+    )
+    lags: list[float] = []
+    stop_consumer = threading.Event()
+
+    def consume() -> None:
+        while not stop_consumer.is_set():
+            for msg in consumer.consume(1000, timeout=0.05):
+                if msg.error() is None:
+                    created = json.loads(msg.value() or b"{}")["CreatedAt"]
+                    created_at = datetime.fromisoformat(created.replace("Z", "+00:00"))
+                    lags.append(datetime.now(UTC).timestamp() - created_at.timestamp())
+
+    stop = multiprocessing.get_context("spawn").Event()
+    worker = multiprocessing.get_context("spawn").Process(target=_relay_worker, args=(stop,))
+    worker.start()
+    reader = threading.Thread(target=consume)
+    reader.start()
+    keys = [str(uuid.uuid4()) for _ in range(2000)]
+    inserted, ticks = 0, int(seconds * 10)
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        time.sleep(1.0)  # the worker's producer is up before the load starts
+        begin = time.monotonic()
+        for tick in range(ticks):
+            insert_events(conn, per_commit, keys, version=tick + 1)
+            inserted += per_commit
+            time.sleep(max(begin + (tick + 1) / 10 - time.monotonic(), 0))
+        load_seconds = time.monotonic() - begin
+    deadline = time.monotonic() + 30
+    while len(lags) < inserted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    worker.join(30)
+    stop_consumer.set()
+    reader.join()
+    consumer.close()
+    lags.sort()
+    return {
+        "lag_events_inserted": inserted,
+        "lag_events_received": len(lags),
+        "lag_insert_rate_per_s": round(inserted / load_seconds),
+        "lag_p50_s": round(lags[len(lags) // 2], 3),
+        "lag_p99_s": round(lags[int(len(lags) * 0.99) - 1], 3),
+        "lag_max_s": round(lags[-1], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    migrate_postgres(settings.pg_dsn)
+    ensure_topics(settings.kafka_bootstrap, (TOPIC_LAYOUT_GROUP,))
+    result = throughput(settings, args.events) | lag(settings, args.rate, args.seconds)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The load job the sensor launches, and the operator's backfill (replay from the beginning)."""
+
+import dagster as dg
+
+from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group, load_metadata
+from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.devstats.loader import backfill
+
+DEVSTATS_JOB_TAGS = {"pin/job": "devstats_load"}
+
+dim_layout_group_job = dg.define_asset_job(
+    "dim_layout_group_job",
+    selection=dg.AssetSelection.assets(dim_layout_group),
+    tags=DEVSTATS_JOB_TAGS,
+    description="One bounded Kafka → ClickHouse load of dim_layout_group.",
+)
+
+
+class BackfillConfig(dg.Config):
+    #: A replay re-reads the whole topic; the guard makes it idempotent, but say it on purpose.
+    confirm: bool = False
+
+
+@dg.op(pool=CLICKHOUSE_POOL, tags={"kind": "clickhouse"})
+def replay_layout_group_topic(
+    context: dg.OpExecutionContext, config: BackfillConfig, pin: PinSettings
+) -> None:
+    if not config.confirm:
+        raise dg.Failure("backfill replays the whole topic: set confirm: true to run it")
+    summary = backfill(pin.get())
+    context.log_event(
+        dg.AssetMaterialization(asset_key=dim_layout_group.key, metadata=load_metadata(summary))
+    )
+
+
+@dg.job(
+    tags=DEVSTATS_JOB_TAGS,
+    description="Replay the layout-group topic from the beginning (config: confirm).",
+)
+def dim_layout_group_backfill_job() -> None:
+    replay_layout_group_topic()

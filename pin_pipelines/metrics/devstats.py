@@ -1,0 +1,87 @@
+"""Metrics of the dim_layout_group loader (spec 003), read from its durable state in Kafka: the
+loader group's committed offsets (consumed), the DLQ topic's end offsets (dead-lettered), and the
+lag and freshness that `devstats.freshness` computes for the asset check too.
+
+Freshness is the age of the oldest event not loaded yet: that age is where the 5-minute SLA is
+broken, while the newest stored row would look old in a quiet week for no fault of the loader.
+Inserted and skipped-stale counts are not in Kafka; the loader records them (`recording`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pin_pipelines.config import Settings
+from pin_pipelines.devstats.freshness import unloaded_events
+from pin_pipelines.devstats.loader import (
+    KAFKA_TIMEOUT,
+    LoadOptions,
+    kafka_consumer,
+    topic_partitions,
+    watermarks,
+)
+
+
+@dataclass(frozen=True)
+class LoaderKafkaState:
+    #: partition → the loader group's committed offset (0 before its first commit): consumed.
+    consumed: dict[int, int] = field(default_factory=dict)
+    #: partition → events after the committed offset.
+    lag: dict[int, int] = field(default_factory=dict)
+    #: Messages in the DLQ topic: the loader is its only writer.
+    dead_lettered: int = 0
+    #: Age of the oldest event not loaded yet, 0 when every partition is caught up.
+    freshness_lag_seconds: float = 0.0
+
+
+def read_kafka_state(settings: Settings, options: LoadOptions | None = None) -> LoaderKafkaState:
+    """Reads as the loader's group without joining it or committing: the loader is undisturbed."""
+    options = options or LoadOptions()
+    behind = unloaded_events(settings, topic=options.topic, group=options.group)
+    with kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
+        partitions = topic_partitions(consumer, options.topic)
+        committed = consumer.committed(
+            [TopicPartition(options.topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
+        )
+        dead = sum(
+            watermarks(consumer, options.dlq_topic, p)[1]
+            for p in topic_partitions(consumer, options.dlq_topic)
+        )
+    return LoaderKafkaState(
+        consumed={tp.partition: max(tp.offset, 0) for tp in committed},
+        lag=dict(behind.per_partition),
+        dead_lettered=dead,
+        freshness_lag_seconds=behind.oldest_age_seconds or 0.0,
+    )
+
+
+def families(s: LoaderKafkaState | None) -> list[Metric]:
+    """Families of `s`; without a state, the same families without samples (describe)."""
+    consumed = CounterMetricFamily(
+        "devstats_loader_consumed",
+        "Layout-group events the loader consumed and committed, by partition.",
+        labels=["partition"],
+    )
+    lag = GaugeMetricFamily(
+        "devstats_loader_lag_messages",
+        "Layout-group events not yet loaded, by partition.",
+        labels=["partition"],
+    )
+    dead = CounterMetricFamily(
+        "devstats_loader_dead_lettered", "Unreadable events the loader wrote to the DLQ topic."
+    )
+    fresh = GaugeMetricFamily(
+        "devstats_dim_layout_group_freshness_lag_seconds",
+        "Age of the oldest layout-group event not yet in dim_layout_group (0 when caught up)."
+        " Spec 003 SLA: <= 300 s.",
+    )
+    if s is not None:
+        for p in sorted(s.consumed.keys() | s.lag.keys()):
+            consumed.add_metric([str(p)], s.consumed.get(p, 0))
+            lag.add_metric([str(p)], s.lag.get(p, 0))
+        dead.add_metric([], s.dead_lettered)
+        fresh.add_metric([], s.freshness_lag_seconds)
+    return [consumed, lag, dead, fresh]

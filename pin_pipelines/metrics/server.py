@@ -1,0 +1,68 @@
+"""`pin metrics serve`: the HTTP side of the exporter (prometheus-client's threaded server)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from pin_pipelines.config import Settings
+from pin_pipelines.db import connect
+from pin_pipelines.errors import PinError
+from pin_pipelines.logs import log_event
+from pin_pipelines.metrics.collector import PinCollector, sources
+
+log = logging.getLogger("pin_pipelines.metrics")
+
+# Loopback unless told otherwise: PIN_METRICS_ADDR=0.0.0.0 lets a remote Prometheus scrape.
+DEFAULT_ADDR = "127.0.0.1"
+
+
+def registry_for(settings: Settings) -> CollectorRegistry:
+    """A registry with only our collector: no process metrics of the exporter itself, whose
+    counters would describe the exporter, not the pipelines."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(PinCollector(sources(settings)))
+    return registry
+
+
+@dataclass
+class MetricsServer:
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def start_metrics_server(settings: Settings, port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
+    """Serve /metrics in a background thread (port 0: any free port, see `.port`)."""
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry_for(settings))
+    except OSError as exc:
+        raise PinError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+    return MetricsServer(server, thread)
+
+
+def serve_metrics(settings: Settings, port: int, addr: str | None = None) -> None:
+    """Serve until interrupted. PostgreSQL is checked first: an exporter started against a wrong
+    PIN_PG_DSN fails now, with one line, instead of serving `pin_metrics_source_up 0` forever.
+    Later outages of any source are reported per scrape."""
+    connect(settings.pg_dsn).close()
+    bind = addr or os.environ.get("PIN_METRICS_ADDR") or DEFAULT_ADDR
+    metrics = start_metrics_server(settings, port, bind)
+    log_event(log, "metrics_serving", url=f"http://{bind}:{metrics.port}/metrics")
+    try:
+        threading.Event().wait()
+    finally:
+        metrics.close()

@@ -1,0 +1,54 @@
+"""Relay metrics read from state, not from a relay process: an exporter, a Dagster observation or
+an operator gets the same numbers whichever relay (or none) is running.
+
+PostgreSQL holds the published/dead-lettered counters and the backlog; Kafka holds the offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import admin
+from pin_pipelines.relay.outbox import Q
+
+
+def topic_counters(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+    """Per topic: events `published` and `dead_lettered` since the outbox existed, and
+    `last_published_at` (epoch seconds or None)."""
+    return {
+        topic: {"published": published, "dead_lettered": dead, "last_published_at": last}
+        for topic, published, dead, last in Q.topic_stats(conn)
+    }
+
+
+def relay_lag(conn: psycopg.Connection) -> dict[str, float | int]:
+    """`pending` events and `lag_seconds`: age of the oldest one (0 when the outbox is empty)."""
+    pending, lag_seconds = Q.backlog(conn)
+    return {"pending": pending, "lag_seconds": lag_seconds}
+
+
+def topic_end_offsets(
+    bootstrap: str, topics: list[str], timeout: float = 10.0
+) -> dict[str, dict[int, int]]:
+    """Per topic and partition, the offset the next message will get (high watermark)."""
+    client = admin(bootstrap)
+    try:
+        metadata = client.list_topics(timeout=timeout).topics
+        wanted = {
+            TopicPartition(topic, partition): OffsetSpec.latest()
+            for topic in topics
+            if topic in metadata
+            for partition in metadata[topic].partitions
+        }
+        ends: dict[str, dict[int, int]] = {topic: {} for topic in topics}
+        if wanted:
+            for tp, future in client.list_offsets(wanted, request_timeout=timeout).items():
+                ends[tp.topic][tp.partition] = future.result(timeout=timeout).offset
+    except KafkaException as exc:
+        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+    return ends

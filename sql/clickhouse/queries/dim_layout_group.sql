@@ -1,0 +1,31 @@
+-- Reads of pin_dev_stats.dim_layout_group. Duplicate-safe before merges: the current row of a group
+-- is argMax(…, UpsertedAt) … GROUP BY LayoutGroupId; FINAL is never used online (spec 003).
+
+-- name: stored_versions
+-- The loader's version guard: the stored SourceVersion of a batch's groups, in one query.
+-- The ids come as one comma-separated string: parsing 1000 UUID literals costs more than the read.
+SELECT LayoutGroupId, argMax(SourceVersion, UpsertedAt)
+FROM pin_dev_stats.dim_layout_group
+WHERE LayoutGroupId IN (SELECT toUUID(arrayJoin(splitByChar(',', %(ids)s))))
+GROUP BY LayoutGroupId;
+
+-- name: labels
+-- Names of the actor's groups; a group of another developer is not visible.
+SELECT LayoutGroupId, argMax(Name, UpsertedAt)
+FROM pin_dev_stats.dim_layout_group
+WHERE DeveloperId = %(developer_id)s AND LayoutGroupId IN %(ids)s
+GROUP BY LayoutGroupId;
+
+-- name: groups
+-- The actor's groups in display order, archived ones included (they still label old facts).
+SELECT
+    LayoutGroupId,
+    argMax(ProjectId, UpsertedAt),
+    argMax(Name, UpsertedAt),
+    argMax(SortOrder, UpsertedAt) AS sort_order,
+    argMax(IsArchived, UpsertedAt),
+    argMax(SourceVersion, UpsertedAt)
+FROM pin_dev_stats.dim_layout_group
+WHERE DeveloperId = %(developer_id)s
+GROUP BY LayoutGroupId
+ORDER BY sort_order, LayoutGroupId;

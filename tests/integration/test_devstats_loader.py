@@ -1,0 +1,295 @@
+"""Spec 003 acceptance and the loader's faults, through real Kafka and both ClickHouse paths."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pin_pipelines.clickhouse import (
+    ClickHouse,
+    ClickHouseUnavailable,
+    migrate_clickhouse,
+    open_clickhouse,
+)
+from pin_pipelines.config import Settings
+from pin_pipelines.devstats.dim import groups, insert_events, labels
+from pin_pipelines.devstats.events import parse_event
+from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
+from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
+from tests.integration.clickhouse_fixtures import server_url, settings_for
+from tests.support.devstats import (
+    Group,
+    committed,
+    physical_rows,
+    produce,
+    produce_events,
+    read_all,
+)
+
+
+def counts(settings: Settings, options: LoadOptions) -> dict[str, int]:
+    summary = load_once(settings, options)
+    assert summary.complete
+    return {
+        "consumed": summary.consumed,
+        "inserted": summary.inserted,
+        "skipped_stale": summary.skipped_stale,
+        "dead_lettered": summary.dead_lettered,
+    }
+
+
+def optimize(ch: ClickHouse) -> None:
+    """Force the merge the spec talks about ("после merge")."""
+    ch.command("OPTIMIZE TABLE pin_dev_stats.dim_layout_group FINAL")
+
+
+def test_happy_upsert(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(1, SortOrder=3)])
+
+    assert counts(loader_settings, loader_options) == {
+        "consumed": 1,
+        "inserted": 1,
+        "skipped_stale": 0,
+        "dead_lettered": 0,
+    }
+    [row] = groups(clickhouse, group.developer_id)
+    assert (row.layout_group_id, row.project_id, row.name, row.sort_order, row.is_archived) == (
+        group.id,
+        group.project_id,
+        "Студии v1",
+        3,
+        False,
+    )
+    assert row.source_version == 1
+    assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
+
+
+def test_replay_and_stale_delivery_leave_one_logical_row(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(1), group.event(2)])
+    assert counts(loader_settings, loader_options)["inserted"] == 1  # v2 supersedes v1 in-batch
+
+    # The same event again and an old one: both skipped by the version guard.
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(2), group.event(1)])
+    assert counts(loader_settings, loader_options) == {
+        "consumed": 2,
+        "inserted": 0,
+        "skipped_stale": 2,
+        "dead_lettered": 0,
+    }
+    # A stale row that got past any guard (a racing writer) still loses to max(UpsertedAt).
+    insert_events(clickhouse, [parse_event(json.dumps(group.event(1)).encode())])
+    assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v2"}
+    optimize(clickhouse)
+    assert physical_rows(clickhouse, group.id) == [(2, "Студии v2")]
+
+
+def test_archive_does_not_delete(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(1)])
+    counts(loader_settings, loader_options)
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(2, IsArchived=True)])
+    assert counts(loader_settings, loader_options)["inserted"] == 1
+
+    optimize(clickhouse)
+    [row] = groups(clickhouse, group.developer_id)
+    assert (row.is_archived, row.name, row.source_version) == (True, "Студии v2", 2)
+    assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v2"}
+
+
+def test_label_degrades_to_the_id_when_the_row_is_missing(clickhouse: ClickHouse) -> None:
+    developer, missing = uuid.uuid4(), uuid.uuid4()
+    assert labels(clickhouse, developer, [missing]) == {str(missing): str(missing)}
+    assert labels(clickhouse, developer, []) == {}
+
+
+def test_scope_is_the_actors_developer_id(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    mine, theirs = Group(), Group()
+    also_mine = Group(developer_id=mine.developer_id, project_id=mine.project_id)
+    produce_events(
+        kafka_bootstrap,
+        loader_options.topic,
+        [mine.event(1, SortOrder=2), also_mine.event(1, SortOrder=1), theirs.event(1)],
+    )
+    assert counts(loader_settings, loader_options)["inserted"] == 3
+
+    assert [g.layout_group_id for g in groups(clickhouse, mine.developer_id)] == [
+        also_mine.id,
+        mine.id,  # by SortOrder
+    ]
+    # Another developer's group is invisible: its label degrades to the id, like a missing row.
+    assert labels(clickhouse, mine.developer_id, [mine.id, theirs.id]) == {
+        str(mine.id): "Студии v1",
+        str(theirs.id): str(theirs.id),
+    }
+
+
+def test_out_of_order_versions_inside_one_batch(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(v) for v in (2, 4, 1, 3)])
+    assert counts(loader_settings, loader_options) == {
+        "consumed": 4,
+        "inserted": 1,
+        "skipped_stale": 3,
+        "dead_lettered": 0,
+    }
+    assert physical_rows(clickhouse, group.id) == [(4, "Студии v4")]
+
+
+def test_out_of_order_versions_across_batches(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    """Batches of two: [3, 1] [2, 5] [4] — only 3 and then 5 are newer than what is stored."""
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(v) for v in (3, 1, 2, 5, 4)])
+    summary = load_once(loader_settings, replace(loader_options, batch_size=2))
+    assert (summary.batches, summary.inserted, summary.skipped_stale) == (3, 2, 3)
+    assert physical_rows(clickhouse, group.id) == [(3, "Студии v3"), (5, "Студии v5")]
+    assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v5"}
+
+
+BAD_VALUES = {
+    "not JSON": b"{not json",
+    "missing Id": json.dumps({k: v for k, v in Group().event(1).items() if k != "Id"}).encode(),
+    "missing Version": json.dumps(
+        {k: v for k, v in Group().event(1).items() if k != "Version"}
+    ).encode(),
+    "wrong type": json.dumps(Group().event(1, Version="7")).encode(),
+    "unknown ContractVersion": json.dumps(Group().event(1, ContractVersion=2)).encode(),
+}
+
+
+def test_bad_input_goes_to_the_dlq_and_the_partition_keeps_flowing(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    """Every kind of bad value, between good ones, all on partition 0."""
+    before, after = Group(), Group()
+    messages = [(str(before.id).encode(), json.dumps(before.event(1)).encode())]
+    messages += [(f"key-{kind}".encode(), value) for kind, value in BAD_VALUES.items()]
+    messages += [(str(after.id).encode(), json.dumps(after.event(1)).encode())]
+    produce(kafka_bootstrap, loader_options.topic, messages, partition=0)
+
+    summary = load_once(loader_settings, loader_options)
+    assert (summary.consumed, summary.inserted, summary.dead_lettered) == (7, 2, 5)
+    assert summary.lag == {0: 0, 1: 0, 2: 0}
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group)[0] == 7
+    for group in (before, after):
+        assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
+
+    dead = sorted(
+        read_all(kafka_bootstrap, loader_options.dlq_topic),
+        key=lambda m: int(m.headers["source-offset"]),
+    )
+    assert [(m.key, m.value) for m in dead] == messages[1:-1]  # as they came
+    for offset, (kind, message) in enumerate(zip(BAD_VALUES, dead, strict=True), start=1):
+        assert message.headers["source-topic"] == loader_options.topic
+        assert message.headers["source-partition"] == "0"
+        assert message.headers["source-offset"] == str(offset)
+        assert message.headers["error"], kind
+    errors = [m.headers["error"] for m in dead]
+    assert errors[0].startswith("not JSON")
+    assert "Id: Field required" in errors[1]
+    assert "Version: Field required" in errors[2]
+    assert "Version: Input should be a valid integer" in errors[3]
+    assert "ContractVersion: Input should be 1" in errors[4]
+
+    assert load_once(loader_settings, loader_options).consumed == 0  # committed past them
+
+
+def test_clickhouse_down_mid_run_commits_nothing_then_recovers(
+    private_clickhouse_server: LocalClickHouseServer,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    url = server_url(private_clickhouse_server)
+    with open_clickhouse(url) as ch:
+        migrate_clickhouse(ch)
+    settings = settings_for(url, kafka_bootstrap, tmp_path)
+    first, second = Group(), Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [first.event(1)])
+    assert counts(settings, loader_options)["inserted"] == 1
+    offsets_before = committed(kafka_bootstrap, loader_options.topic, loader_options.group)
+
+    private_clickhouse_server.down()
+    produce_events(
+        kafka_bootstrap, loader_options.topic, [first.event(2), second.event(1), second.event(2)]
+    )
+    with pytest.raises(ClickHouseUnavailable) as caught:
+        load_once(settings, loader_options)
+    message = str(caught.value)
+    assert f"ClickHouse server at 127.0.0.1:{private_clickhouse_server.address.port}" in message
+    assert "gave up after 3 attempts" in message and "offsets are not committed" in message
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == offsets_before
+
+    private_clickhouse_server.up()
+    summary = load_once(settings, loader_options)
+    assert (summary.consumed, summary.inserted, summary.skipped_stale) == (3, 2, 1)
+    assert set(summary.lag.values()) == {0}
+    with open_clickhouse(url) as ch:  # each event applied once: no duplicate physical rows
+        assert physical_rows(ch, first.id) == [(1, "Студии v1"), (2, "Студии v2")]
+        assert physical_rows(ch, second.id) == [(2, "Студии v2")]
+
+
+def test_backfill_is_idempotent(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    developer = uuid.uuid4()
+    history = [Group(developer_id=developer) for _ in range(3)]
+    produce_events(
+        kafka_bootstrap,
+        loader_options.topic,
+        [g.event(v) for g in history for v in (1, 2)] + [history[0].event(3, IsArchived=True)],
+    )
+    produce(kafka_bootstrap, loader_options.topic, [(b"bad", b"not json")])
+    assert counts(loader_settings, loader_options)["inserted"] == 3
+    optimize(clickhouse)
+    before = groups(clickhouse, developer)
+    stored = [physical_rows(clickhouse, g.id) for g in history]
+
+    summary = backfill(loader_settings, loader_options)
+    assert (summary.consumed, summary.inserted, summary.skipped_stale) == (8, 0, 7)
+    assert summary.dead_lettered == 1  # dead-lettered again: same source offset in the headers
+    optimize(clickhouse)
+    assert groups(clickhouse, developer) == before
+    assert [physical_rows(clickhouse, g.id) for g in history] == stored
+    assert backfill(loader_settings, loader_options).inserted == 0
