@@ -14,10 +14,27 @@ phase() {
   [ "$1" = "done" ] || echo "[phase] >>> $1"
 }
 
-ensure_venv() {
-  if ! command -v bc >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq bc >/dev/null
+# Debian packages the scripts and tests call directly (services install their own in `pin stack up`).
+ensure_debian_packages() {
+  local missing=()
+  command -v bc >/dev/null 2>&1 || missing+=(bc)
+  for pkg in "$@"; do
+    case "$pkg" in
+      prometheus) command -v promtool >/dev/null 2>&1 || missing+=(prometheus) ;;
+      chromium) command -v chromium >/dev/null 2>&1 || missing+=(chromium) ;;
+      *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
+    esac
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[setup] installing Debian packages: ${missing[*]}"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
+}
+
+ensure_venv() {
+  ensure_debian_packages
   phase "python environment"
   if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"

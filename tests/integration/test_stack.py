@@ -5,7 +5,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import psycopg
 from confluent_kafka import Consumer, Producer
+from psycopg.types.json import Jsonb
 
 from tests.support.cli import assert_one_line_error, run_pin, summary
 
@@ -70,10 +72,31 @@ def test_pin_reports_postgres_down_in_one_line() -> None:
         assert_one_line_error(run_pin(*args, env=env), "PostgreSQL", "unreachable")
 
 
-def test_pin_reports_kafka_down_in_one_line(pg_dsn: str) -> None:
-    """Tried: the relay against a bootstrap address where no broker listens."""
-    env = {"PIN_PG_DSN": pg_dsn, "PIN_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
-    assert_one_line_error(run_pin("outbox", "relay", "--once", env=env, timeout=120), "Kafka")
+def test_pin_reports_kafka_down_in_one_line(db: psycopg.Connection) -> None:
+    """Tried: the relay with an event to publish, against an address where no broker listens.
+    The event stays in the outbox."""
+    project_id = str(uuid.uuid4())
+    db.execute(
+        "INSERT INTO chessboard.outbox_events (topic, message_key, payload) VALUES (%s, %s, %s)",
+        (
+            "pin.chessboard.project-upserted.v1",
+            project_id,
+            Jsonb(
+                {
+                    "ContractVersion": 1,
+                    "EventId": str(uuid.uuid4()),
+                    "Id": project_id,
+                    "Version": 2,
+                    "CreatedAt": "2026-11-30T00:00:00.000Z",
+                }
+            ),
+        ),
+    )
+    env = {"PIN_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    result = run_pin("outbox", "relay", "--once", env=env, timeout=120)
+    assert_one_line_error(result, "Kafka")
+    (left,) = db.execute("SELECT count(*) FROM chessboard.outbox_events").fetchone() or (0,)
+    assert left == 1
 
 
 def test_pin_rejects_bad_arguments_in_one_line() -> None:

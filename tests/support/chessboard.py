@@ -61,7 +61,8 @@ def make_object(
 ) -> UUID:
     object_id = uuid.uuid4()
     conn.execute(
-        "INSERT INTO chessboard.property_objects (id, project_id, building_id, layout_id, status, price)"
+        "INSERT INTO chessboard.property_objects"
+        " (id, project_id, building_id, layout_id, status, price)"
         " VALUES (%s, %s, %s, %s, %s, %s)",
         (object_id, project_id, building_id, layout_id, status, Decimal(price)),
     )

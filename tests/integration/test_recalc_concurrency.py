@@ -1,0 +1,149 @@
+"""Spec 000, concurrency and cancellation, with real worker processes (`pin recalc drain --once`
+in its own interpreter) and a test-only trigger that makes each project's recalc slow."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from uuid import UUID
+
+import psycopg
+
+from tests.support.chessboard import (
+    make_building,
+    make_layout,
+    make_layout_group,
+    make_object,
+    make_project,
+)
+from tests.support.recalc import (
+    last_json_line,
+    outbox,
+    queue_row,
+    queued_projects,
+    sleeping_backends,
+    slow_recalc,
+    start_pin,
+)
+from tests.support.truth import actual_aggregates, expected_aggregates, versions
+
+
+def _populated_project(conn: psycopg.Connection, free_price: int) -> dict[str, UUID]:
+    project = make_project(conn)
+    building = make_building(conn, project)
+    group = make_layout_group(conn, project)
+    layout = make_layout(conn, project, group, 42)
+    make_object(conn, project, building, layout, status="Free", price=free_price)
+    make_object(conn, project, building, layout, status="Booked", price=free_price * 2)
+    return {"project": project, "building": building, "group": group, "layout": layout}
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[dict, str, float]:
+    """Wait for a worker; returns its JSON summary, its stderr and when it exited."""
+    stdout, stderr = proc.communicate(timeout=timeout)
+    ended = time.monotonic()
+    assert proc.returncode == 0, stderr
+    return last_json_line(stdout), stderr, ended
+
+
+def test_two_workers_on_one_row_recalculate_it_exactly_once(db, pg_dsn):
+    """Two `pin recalc drain --once` processes started together on one due row whose recalc
+    sleeps 2 s: one recalculates it, the other sees the due row, skips it without waiting
+    (SKIP LOCKED, it exits while the first is still sleeping) and processes nothing; the
+    project's version is bumped once and one project event is written."""
+    tree = _populated_project(db, 100)
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    with slow_recalc(db, 2.0):
+        procs = [start_pin(pg_dsn, "recalc", "drain", "--once") for _ in range(2)]
+        _wait_for(lambda: sleeping_backends(db) == 1, 15, "one worker inside the recalc")
+        finished = {}
+        deadline = time.monotonic() + 30
+        while len(finished) < 2 and time.monotonic() < deadline:
+            for i, proc in enumerate(procs):
+                if i not in finished and proc.poll() is not None:
+                    finished[i] = _finish(proc)
+                    if len(finished) == 1:
+                        # The first to exit must be the skipper, while the winner still sleeps.
+                        assert sleeping_backends(db) == 1
+            time.sleep(0.01)
+        assert len(finished) == 2, "a worker did not finish"
+
+    summaries = {i: summary for i, (summary, _, _) in finished.items()}
+    assert sorted(s["processed"] for s in summaries.values()) == [0, 1]
+    assert sum(s["failed"] for s in summaries.values()) == 0
+    loser = next(i for i, s in summaries.items() if s["processed"] == 0)
+    winner = 1 - loser
+    assert summaries[loser]["due_at_start"] == 1  # the row was due, and skipped, not missed
+    assert finished[loser][2] < finished[winner][2]
+    assert queue_row(db, tree["project"]) is None
+    assert versions(db)["projects"][tree["project"]] == 2
+    assert len(outbox(db, tree["project"])) == 1
+
+
+def test_sigterm_mid_batch_stops_gracefully_leaving_no_project_half_done(db, pg_dsn):
+    """`pin recalc drain --once` over 4 due projects whose recalc sleeps 0.8 s each gets SIGTERM
+    while the second project is being recalculated: it exits 0 with stopped_early true; the
+    projects it got to are fully recalculated (row deleted, aggregates equal the truth, events
+    written, one project_recalculated log line each) and the others are untouched (row queued,
+    attempt_count 0, version 1, no event)."""
+    trees = [_populated_project(db, 100 * (i + 1)) for i in range(4)]
+    for order, tree in enumerate(trees):
+        db.execute(
+            "UPDATE chessboard.project_recalc_requests"
+            " SET due_at = now() - make_interval(secs => %s) WHERE project_id = %s",
+            (10 - order, tree["project"]),
+        )
+    with slow_recalc(db, 0.8):
+        proc = start_pin(pg_dsn, "recalc", "drain", "--once")
+        _wait_for(
+            lambda: queue_row(db, trees[0]["project"]) is None and sleeping_backends(db) == 1,
+            20,
+            "the worker to be inside the second project's recalc",
+        )
+        proc.send_signal(signal.SIGTERM)
+        summary, stderr, _ = _finish(proc)
+
+    assert summary["stopped_early"] is True
+    assert summary["failed"] == 0
+    assert summary["processed"] == 2
+    queued = queued_projects(db)
+    expected, actual, current = expected_aggregates(db), actual_aggregates(db), versions(db)
+    done = [t for t in trees if t["project"] not in queued]
+    assert [t["project"] for t in done] == [t["project"] for t in trees[:2]]
+    for tree in trees:
+        if tree in done:
+            for table, key in (
+                ("projects", "project"),
+                ("buildings", "building"),
+                ("layouts", "layout"),
+                ("layout_groups", "group"),
+            ):
+                assert actual[table][tree[key]] == expected[table][tree[key]], table
+                assert current[table][tree[key]] == 2, table
+            assert outbox(db, tree["project"])
+        else:
+            assert queued[tree["project"]]["attempt_count"] == 0
+            for table, key in (
+                ("projects", "project"),
+                ("buildings", "building"),
+                ("layouts", "layout"),
+                ("layout_groups", "group"),
+            ):
+                assert current[table][tree[key]] == 1, table
+            assert actual["projects"][tree["project"]] == (None, None, 0, 0)
+            assert not outbox(db, tree["project"])
+    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    assert events.count("recalc_batch_started") == 1
+    assert events.count("project_recalculated") == 2
+    assert "project_recalc_failed" not in events

@@ -1,0 +1,544 @@
+"""Spec 000, the drain: one tick over due rows, each project in its own transaction, aggregates
+recomputed from the source rows, snapshot events in the outbox, failures, poison and skips."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from decimal import Decimal
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from pin_pipelines.chessboard import drain as drain_module
+from pin_pipelines.chessboard.drain import drain_tick
+from pin_pipelines.chessboard.enqueue import force_recalc, requeue_poisoned
+from pin_pipelines.db import queries
+from tests.support.chessboard import (
+    make_all_due,
+    make_building,
+    make_layout,
+    make_layout_group,
+    make_object,
+    make_project,
+)
+from tests.support.recalc import (
+    clear_queue,
+    drain_due,
+    failing_recalc,
+    last_json_line,
+    outbox,
+    queue_row,
+    queued_projects,
+    set_settings,
+    start_pin,
+)
+from tests.support.truth import actual_aggregates, drift, expected_aggregates, versions
+
+ISO_MS_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+PROJECT_TOPIC = "pin.chessboard.project-upserted.v1"
+LAYOUT_TOPIC = "pin.chessboard.layout-upserted.v1"
+GROUP_TOPIC = "pin.chessboard.layout-group-upserted.v1"
+
+
+def _row(conn: psycopg.Connection, table: str, row_id: UUID) -> dict:
+    cur = conn.execute(f"SELECT * FROM chessboard.{table} WHERE id = %s", (row_id,))
+    values = cur.fetchone()
+    assert values is not None, f"{table} {row_id} missing"
+    return dict(zip([d.name for d in cur.description or []], values, strict=True))
+
+
+def _assert_envelope(payload: dict, row_id: UUID, version: int) -> None:
+    assert payload["ContractVersion"] == 1
+    assert UUID(payload["EventId"])
+    assert ISO_MS_Z.match(payload["CreatedAt"]), payload["CreatedAt"]
+    assert payload["Id"] == str(row_id)
+    assert payload["Version"] == version
+
+
+def _populated_project(conn: psycopg.Connection) -> dict[str, UUID]:
+    """A project with one building, one group, one layout and three objects (two Free)."""
+    project = make_project(conn)
+    building = make_building(conn, project)
+    group = make_layout_group(conn, project)
+    layout = make_layout(conn, project, group, 30)
+    make_object(conn, project, building, layout, status="Free", price=100)
+    make_object(conn, project, building, layout, status="Free", price=300)
+    make_object(conn, project, building, layout, status="Sold", price=200)
+    return {"project": project, "building": building, "group": group, "layout": layout}
+
+
+def test_empty_batch_is_a_noop_success(db, pg_dsn):
+    """A tick over an empty queue, then over a queue whose only row is due in 30 s (in process
+    and as `pin recalc drain --once`): nothing processed, nothing failed, the row untouched,
+    exit code 0 with the JSON summary on the last stdout line."""
+    summary = drain_tick(pg_dsn).as_dict()
+    assert {k: summary[k] for k in ("processed", "failed", "skipped_archived", "poisoned")} == {
+        "processed": 0,
+        "failed": 0,
+        "skipped_archived": 0,
+        "poisoned": 0,
+    }
+    project = make_project(db)
+    make_building(db, project)  # queued by the raiser, due after the default 30 s debounce
+    before = queue_row(db, project)
+    assert drain_tick(pg_dsn).results == []
+
+    proc = start_pin(pg_dsn, "recalc", "drain", "--once")
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    cli = last_json_line(stdout)
+    assert (cli["processed"], cli["failed"], cli["skipped_archived"], cli["poisoned"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert queue_row(db, project) == before
+    assert outbox(db) == []
+    assert _row(db, "projects", project)["version"] == 1
+
+
+def test_project_without_free_objects_has_null_prices_and_publishes_its_event(db, pg_dsn):
+    """Objects Booked, Sold, Reserved, Hidden and a soft-deleted Free one: price_min/max NULL,
+    free 0, total 3 (Hidden and soft-deleted excluded), version 2, and one project event in
+    the outbox with the contract payload (envelope, TenantId, Name, Status, null prices)."""
+    project = make_project(db, status="Hidden")
+    building = make_building(db, project)
+    make_object(db, project, building, None, status="Booked", price=10)
+    make_object(db, project, building, None, status="Sold", price=20)
+    make_object(db, project, building, None, status="Reserved", price=30)
+    make_object(db, project, building, None, status="Hidden", price=40)
+    deleted = make_object(db, project, building, None, status="Free", price=50)
+    db.execute(
+        "UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (deleted,)
+    )
+
+    tick = drain_due(pg_dsn, db)
+    assert (tick.processed, tick.as_dict()["republished"]["project"]) == (1, 1)
+    row = _row(db, "projects", project)
+    assert (row["price_min"], row["price_max"]) == (None, None)
+    assert (row["property_objects_free_count"], row["property_objects_total_count"]) == (0, 3)
+    assert row["version"] == 2
+
+    events = outbox(db, project)
+    assert len(events) == 1
+    topic, key, payload = events[0]
+    assert (topic, key) == (PROJECT_TOPIC, str(project))
+    _assert_envelope(payload, project, 2)
+    assert payload["TenantId"] == str(row["tenant_id"])
+    assert payload["Name"] == row["name"]
+    assert payload["Status"] == "Hidden"
+    assert payload["PriceMin"] is None and payload["PriceMax"] is None
+    assert "PriceMin" in payload and "PriceMax" in payload
+    assert payload["PropertyObjectsTotalCount"] == 3
+    assert payload["PropertyObjectsFreeCount"] == 0
+
+
+def test_project_prices_are_free_object_bounds_as_json_numbers(db, pg_dsn):
+    """Free objects at 1500.50 and 990, a Booked one at 10 and a Free Hidden-excluded set: the
+    project's bounds are min/max over Free objects only, published as JSON numbers."""
+    project = make_project(db)
+    building = make_building(db, project)
+    make_object(db, project, building, None, status="Free", price=Decimal("1500.50"))
+    make_object(db, project, building, None, status="Free", price=990)
+    make_object(db, project, building, None, status="Booked", price=10)
+    make_object(db, project, building, None, status="Hidden", price=5)
+    drain_due(pg_dsn, db)
+    row = _row(db, "projects", project)
+    assert (row["price_min"], row["price_max"]) == (Decimal(990), Decimal("1500.50"))
+    assert (row["property_objects_total_count"], row["property_objects_free_count"]) == (3, 2)
+    ((_, _, payload),) = outbox(db, project)
+    assert (payload["PriceMin"], payload["PriceMax"]) == (990, 1500.5)
+    assert isinstance(payload["PriceMax"], float | int)
+
+
+def test_project_without_objects_or_layouts_gets_zero_counters_and_null_bounds(db, pg_dsn):
+    """A project with a building and an empty layout group but no objects and no layouts, whose
+    aggregate columns hold stale values (5 objects, prices 1..2, group 2 layouts of 10..20 m²):
+    a recalc sets every counter to 0 and every price/area bound to NULL."""
+    project = make_project(db)
+    building = make_building(db, project)
+    group = make_layout_group(db, project)
+    db.execute(
+        "UPDATE chessboard.projects SET property_objects_total_count = 5,"
+        " property_objects_free_count = 4, price_min = 1, price_max = 2 WHERE id = %s",
+        (project,),
+    )
+    db.execute(
+        "UPDATE chessboard.buildings SET property_objects_total_count = 5,"
+        " property_objects_free_count = 4 WHERE id = %s",
+        (building,),
+    )
+    db.execute(
+        "UPDATE chessboard.layout_groups SET layouts_count = 2, area_min = 10, area_max = 20"
+        " WHERE id = %s",
+        (group,),
+    )
+    force_recalc(pg_dsn, project)
+    assert drain_tick(pg_dsn).processed == 1
+    p = _row(db, "projects", project)
+    assert (p["property_objects_total_count"], p["property_objects_free_count"]) == (0, 0)
+    assert (p["price_min"], p["price_max"]) == (None, None)
+    b = _row(db, "buildings", building)
+    assert (b["property_objects_total_count"], b["property_objects_free_count"]) == (0, 0)
+    g = _row(db, "layout_groups", group)
+    assert (g["layouts_count"], g["area_min"], g["area_max"]) == (0, None, None)
+    ((_, _, group_event),) = [e for e in outbox(db) if e[0] == GROUP_TOPIC]
+    assert (group_event["LayoutsCount"], group_event["AreaMin"], group_event["AreaMax"]) == (
+        0,
+        None,
+        None,
+    )
+
+
+def test_duplicate_run_gives_identical_values_without_new_version_or_events(db, pg_dsn):
+    """A populated project drained, then force-recalculated and drained again with no source
+    change: processed again, but every aggregate and version identical and no new event."""
+    tree = _populated_project(db)
+    assert drain_due(pg_dsn, db).processed == 1
+    aggregates, before_versions, events = actual_aggregates(db), versions(db), outbox(db)
+    assert len(events) == 3  # project, layout, layout group
+
+    force_recalc(pg_dsn, tree["project"])
+    tick = drain_tick(pg_dsn)
+    assert tick.processed == 1
+    assert tick.results[0].republished == {"layout": 0, "layout_group": 0, "project": 0}
+    assert tick.results[0].buildings_updated == 0
+    assert actual_aggregates(db) == aggregates
+    assert versions(db) == before_versions
+    assert outbox(db) == events
+    assert queued_projects(db) == {}
+
+
+def test_building_counters_are_updated_without_a_building_event(db, pg_dsn):
+    """Two buildings (3 objects: Free, Booked, Hidden; and 1 Free soft-deleted + 1 Free): each
+    building's total/free counters are recomputed and its version bumped, and no event of any
+    topic is keyed by a building id nor has a building topic."""
+    project = make_project(db)
+    b1, b2 = make_building(db, project), make_building(db, project)
+    make_object(db, project, b1, None, status="Free", price=1)
+    make_object(db, project, b1, None, status="Booked", price=1)
+    make_object(db, project, b1, None, status="Hidden", price=1)
+    gone = make_object(db, project, b2, None, status="Free", price=1)
+    make_object(db, project, b2, None, status="Free", price=1)
+    db.execute("UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (gone,))
+
+    tick = drain_due(pg_dsn, db)
+    assert tick.results[0].buildings_updated == 2
+    r1, r2 = _row(db, "buildings", b1), _row(db, "buildings", b2)
+    assert (r1["property_objects_total_count"], r1["property_objects_free_count"]) == (2, 1)
+    assert (r2["property_objects_total_count"], r2["property_objects_free_count"]) == (1, 1)
+    assert (r1["version"], r2["version"]) == (2, 2)
+    events = outbox(db)
+    assert {topic for topic, _, _ in events} == {PROJECT_TOPIC}
+    assert not [e for e in events if e[1] in {str(b1), str(b2)}]
+    assert not [t for t, _, _ in events if "building" in t]
+
+
+def test_layout_counts_and_group_bounds_are_recomputed_with_events(db, pg_dsn):
+    """Layouts of 30, 50 and 70 m² (the 70 one soft-deleted) in one group and a layout without
+    objects: each layout counts its active objects (Hidden/soft-deleted excluded); the group
+    counts live layouts and bounds their area; only changed rows publish, with the contract's
+    payloads and the new versions."""
+    project = make_project(db)
+    building = make_building(db, project)
+    group = make_layout_group(db, project, name="Двушки")
+    l30 = make_layout(db, project, group, 30)
+    l50 = make_layout(db, project, group, 50)
+    l70 = make_layout(db, project, group, 70)
+    empty = make_layout(db, project, None, 99)
+    for status in ("Free", "Sold", "Hidden"):
+        make_object(db, project, building, l30, status=status)
+    gone = make_object(db, project, building, l50, status="Booked")
+    make_object(db, project, building, l50, status="Free")
+    db.execute("UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (gone,))
+    db.execute("UPDATE chessboard.layouts SET deleted_at = now() WHERE id = %s", (l70,))
+
+    tick = drain_due(pg_dsn, db)
+    assert tick.results[0].republished == {"layout": 2, "layout_group": 1, "project": 1}
+    assert _row(db, "layouts", l30)["property_objects_count"] == 2
+    assert _row(db, "layouts", l50)["property_objects_count"] == 1
+    assert _row(db, "layouts", l70)["property_objects_count"] == 0
+    assert _row(db, "layouts", empty)["version"] == 1  # unchanged: not touched, not published
+    g = _row(db, "layout_groups", group)
+    assert (g["layouts_count"], g["area_min"], g["area_max"]) == (2, Decimal(30), Decimal(50))
+    assert g["version"] == 2
+
+    events = outbox(db)
+    layout_events = {key: payload for topic, key, payload in events if topic == LAYOUT_TOPIC}
+    assert set(layout_events) == {str(l30), str(l50)}
+    payload = layout_events[str(l30)]
+    _assert_envelope(payload, l30, 2)
+    assert payload["ProjectId"] == str(project)
+    assert payload["LayoutGroupId"] == str(group)
+    assert payload["TotalArea"] == 30
+    assert payload["PropertyObjectsCount"] == 2
+
+    ((_, key, gp),) = [e for e in events if e[0] == GROUP_TOPIC]
+    assert key == str(group)
+    _assert_envelope(gp, group, 2)
+    assert gp["ProjectId"] == str(project)
+    assert gp["TenantId"] == str(g["tenant_id"])
+    assert (gp["Name"], gp["SortOrder"], gp["IsArchived"]) == ("Двушки", 0, False)
+    assert (gp["LayoutsCount"], gp["AreaMin"], gp["AreaMax"]) == (2, 30, 50)
+    assert drift(db) == {}
+
+
+def test_partial_failure_rolls_back_only_that_project(db, pg_dsn):
+    """Three due projects; the first one's recalc raises for real (a test-only trigger with a
+    3000-character message): its whole transaction is rolled back (no building, layout, group
+    or project change, no event), its row stays with due_at unchanged, attempt_count 1 and
+    last_error truncated to 1024 characters; the other two are recalculated in the same tick."""
+    failing = _populated_project(db)
+    others = [_populated_project(db) for _ in range(2)]
+    make_all_due(db)
+    db.execute(
+        "UPDATE chessboard.project_recalc_requests SET due_at = due_at - interval '1 minute'"
+        " WHERE project_id = %s",
+        (failing["project"],),
+    )  # first in due_at order
+    due_before = queue_row(db, failing["project"])["due_at"]
+    before = versions(db)
+
+    with failing_recalc(db, failing["project"], "boom " + "x" * 3000):
+        tick = drain_tick(pg_dsn)
+    assert (tick.processed, tick.count("failed")) == (2, 1)
+    assert tick.results[0].project_id == failing["project"]
+    assert tick.results[0].outcome == "failed"
+
+    row = queue_row(db, failing["project"])
+    assert row["due_at"] == due_before
+    assert row["attempt_count"] == 1
+    assert len(row["last_error"]) == 1024
+    assert "boom xxx" in row["last_error"]
+    after = versions(db)
+    for table, key in (
+        ("projects", "project"),
+        ("buildings", "building"),
+        ("layouts", "layout"),
+        ("layout_groups", "group"),
+    ):
+        assert after[table][failing[key]] == before[table][failing[key]] == 1, table
+    assert _row(db, "buildings", failing["building"])["property_objects_total_count"] == 0
+    assert not [e for e in outbox(db) if e[1] in {str(v) for v in failing.values()}]
+
+    assert set(queued_projects(db)) == {failing["project"]}
+    for other in others:
+        assert _row(db, "projects", other["project"])["property_objects_total_count"] == 3
+        assert outbox(db, other["project"])
+
+
+def test_failed_row_is_retried_not_before_retry_interval(db, pg_dsn):
+    """retry_interval 1 s, a project whose recalc fails: an immediate second tick leaves the
+    row alone (attempt_count stays 1); a tick after 1 s retries it (attempt 2); once the
+    cause is gone the next retry recalculates it and deletes the row."""
+    set_settings(db, retry_interval="1 second")
+    tree = _populated_project(db)
+    with failing_recalc(db, tree["project"], "transient"):
+        assert drain_due(pg_dsn, db).count("failed") == 1
+        tick = drain_tick(pg_dsn)
+        assert tick.results == []
+        assert queue_row(db, tree["project"])["attempt_count"] == 1
+        time.sleep(1.05)
+        assert drain_tick(pg_dsn).count("failed") == 1
+        assert queue_row(db, tree["project"])["attempt_count"] == 2
+    assert drain_tick(pg_dsn).results == []
+    time.sleep(1.05)
+    assert drain_tick(pg_dsn).processed == 1
+    assert queue_row(db, tree["project"]) is None
+    assert drift(db) == {}
+
+
+def test_project_locked_by_an_api_edit_is_deferred_once_per_tick(db, pg_dsn, monkeypatch):
+    """An HTTP-like edit holds the project row lock (lock_timeout lowered to 200 ms): the tick
+    defers that project once (no attempt counted, row kept), goes on with the next project, and
+    does not spin on the locked one for the rest of its batch; the next tick recalculates it."""
+    monkeypatch.setattr(drain_module, "LOCK_TIMEOUT", "200ms")
+    locked = _populated_project(db)
+    other = _populated_project(db)
+    make_all_due(db)
+    with psycopg.connect(pg_dsn) as api, api.transaction():
+        api.execute(
+            "SELECT 1 FROM chessboard.projects WHERE id = %s FOR UPDATE", (locked["project"],)
+        )
+        started = time.monotonic()
+        tick = drain_tick(pg_dsn)
+        elapsed = time.monotonic() - started
+    outcomes = {r.project_id: r.outcome for r in tick.results}
+    assert outcomes == {locked["project"]: "deferred", other["project"]: "recalculated"}
+    assert len(tick.results) == 2
+    assert elapsed < 2.0
+    row = queue_row(db, locked["project"])
+    assert (row["attempt_count"], row["last_error"]) == (0, None)
+    assert drain_tick(pg_dsn).processed == 1
+    assert drift(db) == {}
+
+
+def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn):
+    """retry_interval 0 and a project failing every time: after 5 failed ticks the row is
+    poison: further ticks do not claim it (attempt_count stays 5) while another due project
+    is still processed, the tick and `pin recalc drain --once` report poisoned 1;
+    requeue_poisoned resets attempt_count/last_error, makes it due now, and it then drains."""
+    set_settings(db, retry_interval="0 seconds")
+    tree = _populated_project(db)
+    make_all_due(db)
+    with failing_recalc(db, tree["project"], "bad data"):
+        for attempt in range(1, 6):
+            tick = drain_tick(pg_dsn)
+            assert tick.count("failed") == 1
+            assert queue_row(db, tree["project"])["attempt_count"] == attempt
+        assert tick.poisoned == 1
+
+        other = _populated_project(db)
+        make_all_due(db)
+        tick = drain_tick(pg_dsn)
+        assert [r.project_id for r in tick.results] == [other["project"]]
+        assert tick.processed == 1
+        assert tick.poisoned == 1
+        assert queue_row(db, tree["project"])["attempt_count"] == 5
+
+        proc = start_pin(pg_dsn, "recalc", "drain", "--once")
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        summary = last_json_line(stdout)
+        assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 1)
+        assert "CHESSBOARD_RECALC_POISON" in stderr
+
+    row = queue_row(db, tree["project"])
+    assert row["attempt_count"] == 5 and "bad data" in row["last_error"]
+    requeue_poisoned(pg_dsn, tree["project"])
+    row = queue_row(db, tree["project"])
+    assert (row["attempt_count"], row["last_error"]) == (0, None)
+    assert row["due_at"] <= db.execute("SELECT now()").fetchone()[0]
+    tick = drain_tick(pg_dsn)
+    assert (tick.processed, tick.poisoned) == (1, 0)
+    assert queued_projects(db) == {}
+    assert drift(db) == {}
+
+
+@pytest.mark.parametrize("state", ["archived", "soft-deleted", "hard-deleted"])
+def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, state):
+    """A queued project that is Archived, soft-deleted or gone altogether: the tick deletes its
+    row and counts it in skipped_archived, writes no event and leaves the aggregates as they
+    were (0 counters, version 1), while a live project in the same tick is recalculated."""
+    tree = _populated_project(db)
+    live = _populated_project(db)
+    if state == "archived":
+        db.execute(
+            "UPDATE chessboard.projects SET status = 'Archived' WHERE id = %s", (tree["project"],)
+        )
+    elif state == "soft-deleted":
+        db.execute(
+            "UPDATE chessboard.projects SET deleted_at = now() WHERE id = %s", (tree["project"],)
+        )
+    else:
+        tenant = _row(db, "projects", tree["project"])["tenant_id"]
+        db.execute("DELETE FROM chessboard.projects WHERE id = %s", (tree["project"],))
+        db.execute(
+            "SELECT chessboard.request_project_recalc(%s, %s, 'Crud')", (tree["project"], tenant)
+        )
+    assert tree["project"] in queued_projects(db)
+    before = versions(db)
+
+    tick = drain_due(pg_dsn, db)
+    summary = tick.as_dict()
+    assert (summary["skipped_archived"], summary["processed"], summary["failed"]) == (1, 1, 0)
+    assert queued_projects(db) == {}
+    assert not [e for e in outbox(db) if e[1] in {str(v) for v in tree.values()}]
+    assert outbox(db, live["project"])
+    if state != "hard-deleted":
+        after = versions(db)
+        for table, key in (("projects", "project"), ("buildings", "building")):
+            assert after[table][tree[key]] == before[table][tree[key]] == 1
+        assert _row(db, "projects", tree["project"])["property_objects_total_count"] == 0
+
+
+def test_request_arriving_during_a_recalc_is_not_lost(db, pg_dsn):
+    """One connection claims the due row with the drain's own query (FOR UPDATE SKIP LOCKED)
+    and deletes it, like a drain mid-recalc; another connection's request_project_recalc
+    blocks on that row; after the first commits, the request has inserted a fresh row
+    (requested_count 1, first_requested_at after the claim)."""
+    project = make_project(db)
+    make_building(db, project)
+    make_all_due(db)
+    tenant = _row(db, "projects", project)["tenant_id"]
+    q = queries("recalc")
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    with psycopg.connect(pg_dsn) as drain_conn, psycopg.connect(pg_dsn, autocommit=True) as raiser:
+        with drain_conn.transaction():
+            claim = q.claim_due_request(drain_conn, attempted=[])
+            assert claim is not None and claim[0] == project
+            claimed_at = drain_conn.execute("SELECT now()").fetchone()[0]
+            q.delete_request(drain_conn, project_id=project)
+
+            def request() -> None:
+                try:
+                    raiser.execute(
+                        "SELECT chessboard.request_project_recalc(%s, %s, 'TalentSync')",
+                        (project, tenant),
+                    )
+                except BaseException as exc:  # surfaced below
+                    errors.append(exc)
+                finally:
+                    done.set()
+
+            thread = threading.Thread(target=request)
+            thread.start()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                waiting = db.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                    (raiser.info.backend_pid,),
+                ).fetchone()[0]
+                if waiting == "Lock":
+                    break
+                time.sleep(0.02)
+            assert waiting == "Lock", "the request did not wait for the drain's row lock"
+            assert not done.is_set()
+        thread.join(timeout=10)
+    assert not errors, errors
+    row = queue_row(db, project)
+    assert row is not None, "the request that arrived during the recalc was lost"
+    assert row["requested_count"] == 1
+    assert row["first_requested_at"] > claimed_at
+    assert row["last_reason"] == "TalentSync"
+
+
+def test_tick_takes_due_rows_oldest_first_up_to_the_batch_size(db, pg_dsn):
+    """Four due projects with distinct due_at and batch_size 3 in recalc_settings: one tick
+    processes the three oldest in due_at order and leaves the newest queued."""
+    set_settings(db, batch_size=3)
+    projects = [make_project(db) for _ in range(4)]
+    for p in projects:
+        make_building(db, p)
+    clear_queue(db)
+    for age, p in zip((40, 30, 20, 10), projects, strict=True):
+        tenant = _row(db, "projects", p)["tenant_id"]
+        db.execute(
+            "INSERT INTO chessboard.project_recalc_requests (project_id, tenant_id, due_at,"
+            " first_requested_at, last_reason) VALUES (%s, %s, now() - make_interval(secs => %s),"
+            " now(), 'Crud')",
+            (p, tenant, age),
+        )
+    tick = drain_tick(pg_dsn)
+    assert [r.project_id for r in tick.results] == projects[:3]
+    assert set(queued_projects(db)) == {projects[3]}
+
+
+def test_recalculated_values_equal_the_source_truth(db, pg_dsn):
+    """Two populated projects and a third with only Hidden objects: after draining, every
+    project/building/layout/group aggregate equals count/min/max computed in Python."""
+    _populated_project(db)
+    _populated_project(db)
+    project = make_project(db)
+    building = make_building(db, project)
+    make_object(db, project, building, None, status="Hidden", price=uuid.uuid4().int % 1000)
+    assert drift(db) != {}
+    drain_due(pg_dsn, db)
+    assert actual_aggregates(db) == expected_aggregates(db)
