@@ -426,6 +426,23 @@ def test_layout_moved_to_another_project_enqueues_both_projects(db):
     assert {r["last_reason"] for r in rows.values()} == {"LayoutChanged"}
 
 
+def test_layout_group_moved_to_another_project_enqueues_both_projects(db, pg_dsn):
+    """A layout group re-parented to another project (its layouts follow): both projects queued,
+    and the drain's own group writes (counts, bounds, version) enqueue nothing."""
+    a = _project_with_tree(db)
+    b = _project_with_tree(db)
+    drain_all(pg_dsn, db)
+    db.execute(
+        "UPDATE chessboard.layout_groups SET project_id = %s WHERE id = %s",
+        (b["project"], a["group"]),
+    )
+    rows = queued_projects(db)
+    assert set(rows) == {a["project"], b["project"]}
+    assert {r["last_reason"] for r in rows.values()} == {"Crud"}
+    drain_all(pg_dsn, db)
+    assert queued_projects(db) == {}
+
+
 CROSS_PROJECT_REFERENCES = [
     pytest.param(
         "UPDATE chessboard.property_objects SET layout_id = %(b_layout)s WHERE id = %(a_obj)s",
