@@ -205,14 +205,15 @@ BEGIN
 END
 $$;
 
--- layouts and buildings: any change of a source field; the recalc's own writes (counters, version,
--- updated_at) are excluded, or every drain would enqueue its project again.
+-- layouts, buildings and layout groups: any change of a source field; the recalc's own writes
+-- (counters, bounds, version, updated_at) are excluded, or every drain would enqueue again.
 CREATE FUNCTION chessboard.hierarchy_raise() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     reason text := TG_ARGV[0];
     derived text[] := ARRAY['version', 'updated_at', 'property_objects_count',
-                            'property_objects_total_count', 'property_objects_free_count'];
+                            'property_objects_total_count', 'property_objects_free_count',
+                            'layouts_count', 'area_min', 'area_max'];
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM chessboard.enqueue_touched_projects(
@@ -261,6 +262,12 @@ CREATE TRIGGER buildings_raise_update AFTER UPDATE ON chessboard.buildings
     FOR EACH STATEMENT EXECUTE FUNCTION chessboard.hierarchy_raise('Crud');
 CREATE TRIGGER buildings_raise_delete AFTER DELETE ON chessboard.buildings
     REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION chessboard.hierarchy_raise('Crud');
+
+-- A layout group moved to another project changes both projects' group aggregates; the spec names
+-- no raiser for groups, so only updates raise (reason Crud).
+CREATE TRIGGER layout_groups_raise_update AFTER UPDATE ON chessboard.layout_groups
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION chessboard.hierarchy_raise('Crud');
 
 -- ---------------------------------------------------------------------------------------------
