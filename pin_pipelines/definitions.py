@@ -4,7 +4,7 @@ import warnings
 
 import dagster as dg
 
-from pin_pipelines.defs import devstats, recalc, relay
+from pin_pipelines.defs import devstats, recalc, reconcile, relay
 from pin_pipelines.defs.resources import RESOURCES
 
 # Dagster flags its own internal use of beta parameters on every load; it is not ours to act on.
@@ -14,5 +14,6 @@ defs = dg.Definitions.merge(
     recalc.defs,
     relay.defs,
     devstats.defs,
+    reconcile.defs,
     dg.Definitions(resources=RESOURCES),
 )

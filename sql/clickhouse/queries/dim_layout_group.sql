@@ -29,3 +29,16 @@ FROM pin_dev_stats.dim_layout_group
 WHERE DeveloperId = %(developer_id)s
 GROUP BY LayoutGroupId
 ORDER BY sort_order, LayoutGroupId;
+
+-- name: current_rows
+-- Operator read for the reconciliation: the current row of EVERY group, all developers.
+SELECT
+    LayoutGroupId,
+    argMax(ProjectId, UpsertedAt),
+    argMax(DeveloperId, UpsertedAt),
+    argMax(Name, UpsertedAt),
+    argMax(SortOrder, UpsertedAt),
+    argMax(IsArchived, UpsertedAt),
+    argMax(SourceVersion, UpsertedAt)
+FROM pin_dev_stats.dim_layout_group
+GROUP BY LayoutGroupId;

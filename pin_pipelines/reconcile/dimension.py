@@ -1,0 +1,146 @@
+"""Drift of the dev-stats dimension dim_layout_group (spec 003) against chessboard.layout_groups,
+and its repair through the dimension's normal path (outbox → Kafka → loader).
+
+Why the repair bumps versions: the loader applies an event only when its Version is above the
+stored SourceVersion, and ReplacingMergeTree(UpsertedAt) keeps the newest row. Re-publishing a
+group at its current version would be skipped as stale whenever the dimension already holds that
+version with other values (a lost rename, a row corrupted by hand). So each re-published group
+gets version = max(PostgreSQL version, dimension version) + 1, written in the same transaction as
+its outbox event while the group row is locked: the event is the key's newest Version, its
+CreatedAt (clock time at repair) is the newest UpsertedAt, and a concurrent drain of the same
+project waits on the project row lock, so per-key order holds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from pin_pipelines.clickhouse import ClickHouse
+from pin_pipelines.db import connection, queries
+from pin_pipelines.devstats.dim import QUERIES as DIM_QUERIES
+from pin_pipelines.reconcile.model import DriftRow
+
+ENTITY = "dim_layout_group"
+#: Compared columns, in the order of `Snapshot`: the spec's dimension columns and the version.
+COLUMNS = ("project_id", "developer_id", "name", "sort_order", "is_archived", "version")
+#: Per group, the first that applies: the row is absent, present without a source group, behind,
+#: ahead of the source (a restored database?), or at the same version with other values.
+KINDS = ("missing", "unexpected", "stale_version", "ahead_version", "different")
+
+Snapshot = tuple[UUID, UUID, str, int, bool, int]
+
+Q: Any = queries("reconcile")
+
+
+@dataclass
+class DimDrift:
+    checked: int
+    kinds: dict[UUID, str] = field(default_factory=dict)
+    rows: list[DriftRow] = field(default_factory=list)
+    #: Groups to re-publish, with the dimension's version (-1 when missing) as the bump floor.
+    republish: dict[UUID, int] = field(default_factory=dict)
+    #: project_id of each group to re-publish (the repair locks per project).
+    projects: dict[UUID, UUID] = field(default_factory=dict)
+
+    @property
+    def drifted(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        counts = Counter(self.kinds.values())
+        return {kind: counts[kind] for kind in KINDS}
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "dim_rows_checked": self.checked,
+            "dim_rows_drifted": self.drifted,
+            "dim_drift_by_kind": self.by_kind,
+        }
+
+
+def compare(source: dict[UUID, Snapshot], dim: dict[UUID, Snapshot]) -> DimDrift:
+    """Pure comparison, so every kind of drift is testable without services."""
+    drift = DimDrift(checked=len(source.keys() | dim.keys()))
+    for group_id in sorted(source.keys() | dim.keys(), key=str):
+        want, have = source.get(group_id), dim.get(group_id)
+        if want is None:
+            assert have is not None
+            drift.kinds[group_id] = "unexpected"
+            drift.rows.append(
+                DriftRow(ENTITY, group_id, have[0], "row", f"version {have[5]}", None)
+            )
+            continue
+        if have is None:
+            kind = "missing"
+            drift.rows.append(
+                DriftRow(ENTITY, group_id, want[0], "row", None, f"version {want[5]}")
+            )
+        else:
+            diffs = [
+                DriftRow(ENTITY, group_id, want[0], column, stored, expected)
+                for column, stored, expected in zip(COLUMNS, have, want, strict=True)
+                if stored != expected
+            ]
+            if not diffs:
+                continue
+            drift.rows.extend(diffs)
+            version_have, version_want = have[5], want[5]
+            kind = (
+                "stale_version"
+                if version_have < version_want
+                else "ahead_version"
+                if version_have > version_want
+                else "different"
+            )
+        drift.kinds[group_id] = kind
+        drift.republish[group_id] = -1 if have is None else have[5]
+        drift.projects[group_id] = want[0]
+    return drift
+
+
+def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
+    """The dimension is read after PostgreSQL: an event relayed and loaded in between shows as
+    `ahead_version` for one run at worst, never as a missing row."""
+    with connection(pg_dsn) as conn:
+        source = {
+            row[0]: (row[1], row[2], row[3], int(row[4]), bool(row[5]), int(row[6]))
+            for row in Q.layout_group_sources(conn)
+        }
+    dim = {
+        UUID(str(row[0])): (
+            UUID(str(row[1])),
+            UUID(str(row[2])),
+            str(row[3]),
+            int(row[4]),
+            bool(row[5]),
+            int(row[6]),
+        )
+        for row in ch.rows(DIM_QUERIES["current_rows"])
+    }
+    return compare(source, dim)
+
+
+def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
+    """Repair: one transaction per project (project row lock first, as the drain takes it), each
+    group's version bumped and its event written to the outbox. Returns the events written."""
+    by_project: dict[UUID, list[UUID]] = defaultdict(list)
+    for group_id in drift.republish:
+        by_project[drift.projects[group_id]].append(group_id)
+    written = 0
+    with connection(pg_dsn, autocommit=True) as conn:
+        for project_id in sorted(by_project, key=str):
+            groups = sorted(by_project[project_id], key=str)
+            with conn.transaction():
+                Q.lock_project_for_republish(conn, project_id=project_id)
+                written += int(
+                    Q.republish_layout_groups(
+                        conn,
+                        group_ids=groups,
+                        floor_versions=[drift.republish[g] for g in groups],
+                    )
+                )
+    return written

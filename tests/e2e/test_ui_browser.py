@@ -1,0 +1,318 @@
+"""The on-call path through the Dagster UI, in a real browser (issue 6).
+
+A dagster-daemon and dagster-webserver run on an instance of this test alone (the repository's
+dagster.yaml, its own storage database and embedded ClickHouse folder). Headless Chromium opens the
+reconciliation assets' upstream lineage and saves screenshots under test-artifacts/; the
+materialization is launched through the webserver's GraphQL API, as the UI's Materialize button
+does, and its check verdicts are read back. A missing service or browser fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from pin_pipelines.config import SOURCE_ROOT, Settings, dsn_with_dbname
+from pin_pipelines.serve import prepare_dagster_home
+from tests.support.chessboard import make_building, make_object, make_project
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = SOURCE_ROOT / "test-artifacts"
+LOCATION = "pin_pipelines"
+#: Served once the webserver's asset graph is loaded (the location shows as loaded earlier).
+PROBE = "dim_layout_group_drift"
+CHECKS = {
+    "aggregates_drift": "aggregates_consistent",
+    "dim_layout_group_drift": "dim_layout_group_in_sync",
+}
+
+LAUNCH = """
+mutation Launch($params: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+RUN_STATUS = "query Status($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+CHECK_RESULTS = """
+query Checks($key: AssetKeyInput!, $check: String!) {
+  assetCheckExecutions(assetKey: $key, checkName: $check, limit: 20) {
+    runId status evaluation { success severity description }
+  }
+}"""
+ASSET_DEPS = """
+query Deps($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename ... on AssetNode { dependencyKeys { path } }
+  }
+}"""
+REPOSITORY = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
+AUTOMATION = """
+query Automation($repo: RepositorySelector!) {
+  sensorsOrError(repositorySelector: $repo) { ... on Sensors { results { id name } } }
+  schedulesOrError(repositorySelector: $repo) { ... on Schedules { results { id name } } }
+}"""
+STOP_SENSOR = "mutation Stop($id: String!) { stopSensor(id: $id) { __typename } }"
+STOP_SCHEDULE = "mutation Stop($id: String!) { stopRunningSchedule(id: $id) { __typename } }"
+LOCATION_STATUS = """
+{ workspaceOrError { ... on Workspace { locationEntries { name
+    locationOrLoadError { __typename } } } } }"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Dagster:
+    """The webserver's HTTP and GraphQL endpoints."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+
+    def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}/graphql",
+            json.dumps({"query": query, "variables": variables or {}}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = json.load(response)
+        assert "errors" not in body, body["errors"]
+        return dict(body["data"])
+
+    def asset_node(self, asset: str) -> dict[str, Any] | None:
+        found = self.gql(ASSET_DEPS, {"key": {"path": [asset]}})["assetNodeOrError"]
+        return dict(found) if found["__typename"] == "AssetNode" else None
+
+    def stop_automation(self) -> list[str]:
+        """Sensors and schedules ship running; on this throwaway instance they would consume the
+        shared broker's topics under the real consumer group. Stopped before the daemon starts."""
+        found = self.gql(AUTOMATION, {"repo": REPOSITORY})
+        stopped = []
+        for kind, mutation in (
+            ("sensorsOrError", STOP_SENSOR),
+            ("schedulesOrError", STOP_SCHEDULE),
+        ):
+            for item in found[kind]["results"]:
+                self.gql(mutation, {"id": item["id"]})
+                stopped.append(item["name"])
+        return stopped
+
+    def wait_until_loaded(self, processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [p.args for p in processes if p.poll() is not None]
+            assert not dead, f"exited early: {dead}"
+            try:
+                entries = self.gql(LOCATION_STATUS)["workspaceOrError"]["locationEntries"]
+            except OSError:
+                time.sleep(0.5)
+                continue
+            kinds = {e["name"]: (e["locationOrLoadError"] or {}).get("__typename") for e in entries}
+            assert kinds.get(LOCATION) != "PythonError", kinds
+            if kinds.get(LOCATION) == "RepositoryLocation" and self.asset_node(PROBE) is not None:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{self.url} did not load {LOCATION} within {timeout:.0f}s")
+
+
+@pytest.fixture
+def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
+    """Webserver, then the daemon (the QueuedRunCoordinator of dagster.yaml needs it to start
+    runs) once the shipped sensors and schedules are stopped on this instance."""
+    storage = f"{pg_dsn.rsplit('/', 1)[1]}_dagster"
+    with psycopg.connect(dsn_with_dbname(pg_dsn, "postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{storage}"')
+    settings = Settings.from_env(
+        {
+            "PIN_PG_DSN": pg_dsn,
+            "PIN_STATE_DIR": str(tmp_path / "state"),
+            "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",
+            "PIN_DAGSTER_PG_URL": dsn_with_dbname(pg_dsn, storage).replace(
+                "postgresql://", "postgresql+psycopg2://", 1
+            ),
+        }
+    )
+    env = prepare_dagster_home(settings)
+    # The run processes open this chdb folder; this process must not hold it, so a child migrates.
+    subprocess.run(
+        [sys.executable, "-m", "pin_pipelines.cli", "db", "migrate"],
+        env=env,
+        check=True,
+        cwd=SOURCE_ROOT,
+        capture_output=True,
+    )
+    port = free_port()
+    workspace = str(SOURCE_ROOT / "workspace.yaml")
+    bin_dir = Path(sys.executable).parent
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    webserver = [str(bin_dir / "dagster-webserver"), "-w", workspace, "-h", "127.0.0.1"]
+    processes = [
+        subprocess.Popen(
+            [*webserver, "-p", str(port)],
+            env=env,
+            cwd=SOURCE_ROOT,
+            stdout=(logs / "webserver.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+    ]
+    try:
+        server = Dagster(port)
+        server.wait_until_loaded(processes, timeout=120)
+        assert "recalc_queue_sensor" in server.stop_automation()
+        processes.append(
+            subprocess.Popen(
+                [str(bin_dir / "dagster-daemon"), "run", "-w", workspace],
+                env=env,
+                cwd=SOURCE_ROOT,
+                stdout=(logs / "daemon.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        yield server
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def open_lineage(page: Page, base: str, asset: str) -> None:
+    page.goto(f"{base}/assets/{asset}?view=lineage&lineageScope=upstream&lineageDepth=10")
+    skip = page.get_by_role("button", name="Skip")  # the first-visit newsletter dialog
+    with contextlib.suppress(PlaywrightTimeout):  # shown once per browser profile
+        skip.click(timeout=5000)
+    page.get_by_text("property_objects", exact=True).first.wait_for(timeout=30_000)
+    whole = page.get_by_role(
+        "button", name="All", exact=True
+    )  # graph depth: the whole upstream lineage
+    if whole.is_enabled():  # disabled when the default depth already shows everything
+        whole.click()
+
+
+def visible(page: Page, name: str) -> bool:
+    """Waits: the graph lays itself out again after the depth changes."""
+    try:
+        page.get_by_text(name, exact=True).first.wait_for(state="visible", timeout=15_000)
+    except PlaywrightTimeout:
+        return False
+    return True
+
+
+def test_on_call_finds_drift_assets_in_the_graph_and_launches_the_check(
+    db: psycopg.Connection, dagster: Dagster
+) -> None:
+    # One project whose stored counter was overwritten behind the recalc's back.
+    project = make_project(db)
+    make_object(db, project, make_building(db, project), None, status="Free", price=5)
+    db.execute("DELETE FROM chessboard.project_recalc_requests")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            # Declared lineage: the dimension and the aggregates are upstream of the drift asset.
+            node = dagster.asset_node("dim_layout_group_drift")
+            assert node is not None
+            upstream = {"/".join(k["path"]) for k in node["dependencyKeys"]}
+            assert upstream == {"dim_layout_group", "chessboard/aggregates"}
+
+            open_lineage(page, dagster.url, "dim_layout_group_drift")
+            page.screenshot(path=str(ARTIFACTS / "reconcile_dim_lineage.png"))
+            # sources → aggregates → Kafka topic → dim_layout_group → drift asset
+            for name in ("dim_layout_group_drift", "aggregates", "property_objects"):
+                assert visible(page, name), name
+            # Node labels are shortened when the whole graph fits (layou…_upserted_v1); the
+            # groups' headers are not.
+            for name in ("dim_layout_group", "chessboard", "kafka", "dev_stats", "reconcile"):
+                assert visible(page, name), name
+
+            open_lineage(page, dagster.url, "aggregates_drift")
+            page.screenshot(path=str(ARTIFACTS / "reconcile_aggregates_lineage.png"))
+            for name in ("aggregates_drift", "aggregates", "buildings", "layouts"):
+                assert visible(page, name), name
+
+            keys = [{"path": [asset]} for asset in CHECKS]
+            params = {
+                "selector": {
+                    **REPOSITORY,
+                    "jobName": "reconcile_job",
+                    "assetSelection": keys,
+                    "assetCheckSelection": [
+                        {"assetKey": {"path": [asset]}, "name": check}
+                        for asset, check in CHECKS.items()
+                    ],
+                },
+                "runConfigData": {"ops": {"aggregates_drift": {"config": {"repair": False}}}},
+                "mode": "default",
+            }
+            launched = dagster.gql(LAUNCH, {"params": params})["launchPipelineExecution"]
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            run_id = launched["run"]["runId"]
+            status = None
+            for _ in range(180):
+                status = dagster.gql(RUN_STATUS, {"id": run_id})["runOrError"]["status"]
+                if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                    break
+                time.sleep(1)
+            assert status == "SUCCESS", status
+
+            # This run's verdicts (the hourly schedule may have run the checks meanwhile).
+            verdicts = {
+                check: next(
+                    e
+                    for e in dagster.gql(CHECK_RESULTS, {"key": {"path": [asset]}, "check": check})[
+                        "assetCheckExecutions"
+                    ]
+                    if e["runId"] == run_id
+                )
+                for asset, check in CHECKS.items()
+            }
+            aggregates = verdicts["aggregates_consistent"]
+            assert aggregates["status"] == "FAILED"
+            assert aggregates["evaluation"]["severity"] == "ERROR"
+            assert "nothing will recalc" in aggregates["evaluation"]["description"]
+            # The dimension is empty: the project's group-less hierarchy needs no row there.
+            assert verdicts["dim_layout_group_in_sync"]["status"] == "SUCCEEDED"
+
+            # What on-call sees next: the check's verdict on the asset's Checks tab.
+            page.goto(f"{dagster.url}/assets/aggregates_drift?view=checks")
+            page.get_by_text("aggregates_consistent").first.wait_for(timeout=30_000)
+            page.get_by_text("nothing will recalc").first.wait_for(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "reconcile_check_failed.png"))
+        finally:
+            browser.close()

@@ -1,0 +1,442 @@
+"""Issue 6: drift of every kind is found, repair goes through the normal pipeline (drain → relay →
+loader) and a second reconciliation reports zero drift; a consistent database reports none.
+
+Real PostgreSQL, Kafka and the embedded ClickHouse; a missing service fails these tests.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import redirect_stdout
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from pin_pipelines.chessboard.drain import drain_tick
+from pin_pipelines.cli import main
+from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
+from pin_pipelines.config import Settings
+from pin_pipelines.devstats.events import COLUMNS
+from pin_pipelines.devstats.loader import LoadOptions, load_once
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+from pin_pipelines.reconcile import (
+    aggregates_drift,
+    compare,
+    dim_layout_group_drift,
+    reconcile,
+)
+from pin_pipelines.relay import relay_once
+from tests.integration.clickhouse_fixtures import chdb_url, loader_options
+from tests.support.chessboard import (
+    make_building,
+    make_layout,
+    make_layout_group,
+    make_object,
+    make_project,
+)
+
+__all__ = ["chdb_url", "loader_options"]  # fixtures, imported for pytest
+
+DIM = "pin_dev_stats.dim_layout_group"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def drain_all(conn: psycopg.Connection, dsn: str) -> None:
+    """Make every queue row due now and drain until the queue is empty (the consistent state)."""
+    for _ in range(1000):
+        conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+        if not drain_tick(dsn, batch_size=500).results:
+            break
+    left = conn.execute("SELECT count(*) FROM chessboard.project_recalc_requests").fetchone()
+    assert left == (0,)
+
+
+@pytest.fixture
+def settings(pg_dsn: str, chdb_url: str, kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    return Settings.from_env(
+        {
+            "PIN_PG_DSN": pg_dsn,
+            "PIN_CLICKHOUSE_URL": chdb_url,
+            "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "PIN_STATE_DIR": str(tmp_path),
+        }
+    )
+
+
+@pytest.fixture
+def ch(chdb_url: str) -> Iterator[ClickHouse]:
+    """The session's embedded dimension, emptied: other tests' groups are not this test's drift."""
+    with open_clickhouse(chdb_url) as client:
+        client.command(f"TRUNCATE TABLE {DIM}")
+        yield client
+
+
+@pytest.fixture
+def pipeline(
+    db: psycopg.Connection, settings: Settings, loader_options: LoadOptions
+) -> Iterator[Callable[[], None]]:
+    """drain → relay → loader. Layout-group events go to this test's private topic (registered
+    with the relay), so test sessions sharing the broker never load each other's groups."""
+    db.execute(
+        "INSERT INTO chessboard.outbox_topics (topic, required_fields)"
+        " SELECT %s, required_fields FROM chessboard.outbox_topics WHERE topic = %s"
+        " ON CONFLICT (topic) DO NOTHING",
+        (loader_options.topic, TOPIC_LAYOUT_GROUP),
+    )
+
+    def run() -> None:
+        drain_all(db, settings.pg_dsn)
+        db.execute(
+            "UPDATE chessboard.outbox_events SET topic = %s WHERE topic = %s",
+            (loader_options.topic, TOPIC_LAYOUT_GROUP),
+        )
+        relay_once(settings)
+        summary = load_once(settings, loader_options)
+        assert summary.complete and summary.dead_lettered == 0
+
+    yield run
+
+
+def cells(drift_rows: list) -> set[tuple[str, UUID, str, str | None, str | None]]:
+    return {
+        (r.entity, r.id, r.column, r.as_dict()["stored"], r.as_dict()["expected"])
+        for r in drift_rows
+    }
+
+
+def small_project(conn: psycopg.Connection) -> dict[str, UUID]:
+    """Building, two groups with layouts, and objects of every status (one soft-deleted)."""
+    project = make_project(conn)
+    building = make_building(conn, project)
+    studios = make_layout_group(conn, project, "Студии")
+    lux = make_layout_group(conn, project, "Люкс с видом на море")
+    small = make_layout(conn, project, studios, Decimal("25.5"))
+    make_layout(conn, project, studios, Decimal("31.0"))
+    big = make_layout(conn, project, lux, Decimal("120.0"))
+    make_object(conn, project, building, small, status="Free", price=1000)
+    make_object(conn, project, building, small, status="Free", price=3000)
+    make_object(conn, project, building, big, status="Sold", price=9000)
+    make_object(conn, project, building, big, status="Hidden", price=5)
+    gone = make_object(conn, project, building, small, status="Free", price=10)
+    conn.execute("UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (gone,))
+    return {
+        "project": project,
+        "building": building,
+        "studios": studios,
+        "lux": lux,
+        "small": small,
+        "big": big,
+    }
+
+
+# --- aggregates ----------------------------------------------------------------------------------
+
+
+def test_each_kind_of_aggregate_drift_is_found_and_repaired(
+    db: psycopg.Connection, pg_dsn: str, settings: Settings, ch: ClickHouse
+) -> None:
+    ids = small_project(db)
+    healthy = small_project(db)
+    drain_all(db, pg_dsn)
+    assert aggregates_drift(pg_dsn).rows == []
+
+    # Writes that bypass the recalc (a bug, a manual fix gone wrong): no raiser enqueues them.
+    db.execute(
+        "UPDATE chessboard.projects SET property_objects_total_count = 7, price_min = 999"
+        " WHERE id = %s",
+        (ids["project"],),
+    )
+    db.execute(
+        "UPDATE chessboard.buildings SET property_objects_free_count = 0 WHERE id = %s",
+        (ids["building"],),
+    )
+    db.execute(
+        "UPDATE chessboard.layouts SET property_objects_count = 5 WHERE id = %s", (ids["big"],)
+    )
+    db.execute(
+        "UPDATE chessboard.layout_groups SET layouts_count = 4, area_min = NULL, area_max = 99"
+        " WHERE id = %s",
+        (ids["studios"],),
+    )
+    assert db.execute("SELECT count(*) FROM chessboard.project_recalc_requests").fetchone() == (0,)
+
+    drift = aggregates_drift(pg_dsn)
+    assert cells(drift.rows) == {
+        ("project", ids["project"], "property_objects_total_count", "7", "3"),
+        ("project", ids["project"], "price_min", "999", "1000"),
+        ("building", ids["building"], "property_objects_free_count", "0", "2"),
+        ("layout", ids["big"], "property_objects_count", "5", "1"),
+        ("layout_group", ids["studios"], "layouts_count", "4", "2"),
+        ("layout_group", ids["studios"], "area_min", None, "25.5"),
+        ("layout_group", ids["studios"], "area_max", "99", "31"),
+    }
+    assert drift.drifted == {"project": 1, "building": 1, "layout": 1, "layout_group": 1}
+    assert drift.project_ids == [ids["project"]]
+    assert drift.unexplained == [ids["project"]]  # not queued: nothing would fix it
+    assert healthy["project"] not in drift.project_ids
+
+    report = reconcile(settings, repair=True)
+    assert report.repair is not None and report.repair.projects_enqueued == 1
+    queued = db.execute(
+        "SELECT project_id, last_reason, due_at <= now() FROM chessboard.project_recalc_requests"
+    ).fetchall()
+    assert queued == [(ids["project"], "Reconcile", True)]
+
+    drain_tick(pg_dsn)  # the normal worker tick, no clock tricks: the row is due now
+    after = aggregates_drift(pg_dsn)
+    assert after.rows == [] and after.project_ids == []
+
+
+def test_a_recent_edit_is_drift_that_the_queue_already_covers(
+    db: psycopg.Connection, pg_dsn: str
+) -> None:
+    ids = small_project(db)
+    drain_all(db, pg_dsn)
+    make_object(db, ids["project"], ids["building"], ids["big"], status="Free", price=50)
+
+    drift = aggregates_drift(pg_dsn)
+    assert drift.project_ids == [ids["project"]]
+    assert drift.queued == {ids["project"]} and drift.unexplained == []
+    assert ("project", ids["project"], "price_min", "1000", "50") in cells(drift.rows)
+
+    db.execute(
+        "UPDATE chessboard.project_recalc_requests SET attempt_count = 5 WHERE project_id = %s",
+        (ids["project"],),
+    )
+    poisoned = aggregates_drift(pg_dsn)
+    assert poisoned.poisoned == {ids["project"]} and poisoned.unexplained == [ids["project"]]
+
+
+def test_archived_projects_are_not_checked(db: psycopg.Connection, pg_dsn: str) -> None:
+    ids = small_project(db)
+    drain_all(db, pg_dsn)
+    db.execute(
+        "UPDATE chessboard.projects SET status = 'Archived' WHERE id = %s", (ids["project"],)
+    )
+    db.execute("UPDATE chessboard.projects SET price_max = 1 WHERE id = %s", (ids["project"],))
+    drift = aggregates_drift(pg_dsn)
+    assert drift.rows == [] and drift.checked["project"] == 0
+
+
+def random_database(conn: psycopg.Connection, projects: int, seed: int) -> None:
+    """Random hierarchies written like the API writes them (COPY, so the raisers run per
+    statement): empty projects, groups without layouts, layouts without group, soft-deleted
+    objects and layouts, every status, archived projects and a few cross-project references."""
+    rnd = random.Random(seed)
+    rows: dict[str, list[tuple[object, ...]]] = {
+        "projects": [],
+        "buildings": [],
+        "layout_groups": [],
+        "layouts": [],
+        "property_objects": [],
+    }
+    deleted = datetime(2024, 1, 1, tzinfo=UTC)
+    all_buildings: list[UUID] = []
+    for _ in range(projects):
+        pid = uuid.uuid4()
+        status = rnd.choice(["Draft", "Published", "Published", "Hidden", "Archived"])
+        rows["projects"].append((pid, uuid.uuid4(), f"P {pid.hex[:6]}", status))
+        buildings = [uuid.uuid4() for _ in range(rnd.randint(0, 3))]
+        all_buildings += buildings
+        rows["buildings"] += [(b, pid, "B") for b in buildings]
+        groups = [uuid.uuid4() for _ in range(rnd.randint(0, 4))]
+        rows["layout_groups"] += [
+            (g, pid, rnd.choice(["Студии", "Люкс"]), i, rnd.random() < 0.1)
+            for i, g in enumerate(groups)
+        ]
+        layouts = [uuid.uuid4() for _ in range(rnd.randint(0, 8))]
+        rows["layouts"] += [
+            (
+                lay,
+                pid,
+                rnd.choice([*groups, None]) if groups else None,
+                Decimal(rnd.randint(180, 1500)) / 10,
+                deleted if rnd.random() < 0.1 else None,
+            )
+            for lay in layouts
+        ]
+        for _ in range(rnd.randint(0, 120) if buildings else 0):
+            building = rnd.choice(buildings)
+            if all_buildings and rnd.random() < 0.005:
+                building = rnd.choice(all_buildings)  # another project's building
+            rows["property_objects"].append(
+                (
+                    uuid.uuid4(),
+                    pid,
+                    building,
+                    rnd.choice([*layouts, None]) if layouts else None,
+                    rnd.choice(["Free", "Free", "Booked", "Sold", "Hidden", "Reserved"]),
+                    Decimal(rnd.randint(1_000_000, 30_000_000)),
+                    deleted if rnd.random() < 0.05 else None,
+                )
+            )
+    columns = {
+        "projects": "id, tenant_id, name, status",
+        "buildings": "id, project_id, name",
+        "layout_groups": "id, project_id, name, sort_order, is_archived",
+        "layouts": "id, project_id, layout_group_id, total_area, deleted_at",
+        "property_objects": "id, project_id, building_id, layout_id, status, price, deleted_at",
+    }
+    with conn.cursor() as cur:
+        for table, cols in columns.items():
+            with cur.copy(f"COPY chessboard.{table} ({cols}) FROM STDIN") as copy:
+                for row in rows[table]:
+                    copy.write_row(row)
+
+
+def test_no_false_positives_on_1000_random_projects_and_their_dimension(
+    db: psycopg.Connection, settings: Settings, ch: ClickHouse, pipeline: Callable[[], None]
+) -> None:
+    random_database(db, projects=1000, seed=6)
+    run = pipeline
+    run()
+    drift = aggregates_drift(settings.pg_dsn)
+    assert drift.rows == [], drift.rows[:5]
+    assert drift.checked["project"] > 700 and drift.checked["layout"] > 2000
+
+    # Groups that never changed a counter were never published: that is real dimension drift
+    # (missing rows), healed by one repair; after it the dimension is exactly its source.
+    first = reconcile(settings, repair=True)
+    assert first.as_dict()["projects_drifted"] == 0
+    assert set(first.dim.kinds.values()) <= {"missing"}
+    run()
+    second = reconcile(settings).as_dict()
+    assert (second["projects_drifted"], second["dim_rows_drifted"]) == (0, 0)
+    groups = db.execute("SELECT count(*) FROM chessboard.layout_groups").fetchone()
+    assert groups is not None and second["dim_rows_checked"] == groups[0]
+
+
+# --- dimension -----------------------------------------------------------------------------------
+
+
+def insert_dim_row(ch: ClickHouse, row: tuple[object, ...]) -> None:
+    ch.insert(DIM, COLUMNS, [row])
+
+
+def test_each_kind_of_dimension_drift_is_found_and_heals_through_the_pipeline(
+    db: psycopg.Connection, settings: Settings, ch: ClickHouse, pipeline: Callable[[], None]
+) -> None:
+    run = pipeline
+    ids = small_project(db)
+    other = small_project(db)
+    run()
+    reconcile(settings, repair=True)  # the groups' first publication
+    run()
+    assert reconcile(settings).dim.kinds == {}
+
+    tenant = db.execute(
+        "SELECT tenant_id FROM chessboard.projects WHERE id = %s", (ids["project"],)
+    ).fetchone()
+    assert tenant is not None
+    # Source edits whose events were lost, and a row written into the dimension by hand.
+    db.execute("UPDATE chessboard.layout_groups SET name = 'Renamed' WHERE id = %s", (ids["lux"],))
+    db.execute(
+        "UPDATE chessboard.layout_groups SET sort_order = 42, version = version + 1 WHERE id = %s",
+        (ids["studios"],),
+    )
+    db.execute(
+        "UPDATE chessboard.layout_groups SET is_archived = true WHERE id = %s", (other["lux"],)
+    )
+    stored = db.execute(
+        "SELECT name, sort_order, version FROM chessboard.layout_groups WHERE id = %s",
+        (other["studios"],),
+    ).fetchone()
+    assert stored is not None
+    wrong_parent = uuid.uuid4()
+    insert_dim_row(
+        ch,
+        (
+            other["studios"],
+            wrong_parent,
+            tenant[0],
+            stored[0],
+            stored[1],
+            0,
+            stored[2],
+            datetime.now(UTC),
+        ),
+    )
+    missing = make_layout_group(db, ids["project"], "Новая группа")  # never published
+
+    drift = dim_layout_group_drift(settings.pg_dsn, ch)
+    assert drift.kinds == {
+        ids["lux"]: "different",
+        ids["studios"]: "stale_version",
+        other["lux"]: "different",
+        other["studios"]: "different",
+        missing: "missing",
+    }
+    found = {(r.id, r.column) for r in drift.rows}
+    assert {
+        (ids["lux"], "name"),
+        (ids["studios"], "sort_order"),
+        (ids["studios"], "version"),
+        (other["lux"], "is_archived"),
+        (other["studios"], "project_id"),
+        (other["studios"], "developer_id"),
+        (missing, "row"),
+    } == found
+
+    # The same version re-published would be skipped by the loader's guard: repair bumps it.
+    versions_before: dict[UUID, int] = dict(
+        db.execute("SELECT id, version FROM chessboard.layout_groups")
+    )
+    report = reconcile(settings, repair=True)
+    assert report.repair is not None and report.repair.layout_groups_republished == 5
+    versions_after: dict[UUID, int] = dict(
+        db.execute("SELECT id, version FROM chessboard.layout_groups")
+    )
+    assert all(versions_after[g] == versions_before[g] + 1 for g in drift.kinds)
+
+    run()
+    summary = reconcile(settings).as_dict()
+    assert (summary["projects_drifted"], summary["dim_rows_drifted"]) == (0, 0), summary
+    assert summary["dim_drift_by_kind"] == dict.fromkeys(summary["dim_drift_by_kind"], 0)
+
+
+def test_a_dimension_row_without_source_group_is_reported_not_deleted(
+    db: psycopg.Connection, settings: Settings, ch: ClickHouse
+) -> None:
+    ghost = uuid.uuid4()
+    insert_dim_row(ch, (ghost, uuid.uuid4(), uuid.uuid4(), "Ghost", 1, 0, 3, datetime.now(UTC)))
+    report = reconcile(settings, repair=True)
+    assert report.dim.kinds == {ghost: "unexpected"}
+    assert report.repair is not None and report.repair.layout_groups_republished == 0
+    assert ch.rows(f"SELECT count() FROM {DIM} WHERE LayoutGroupId = %(id)s", {"id": ghost}) == [
+        (1,)
+    ]
+
+
+def test_ahead_version_is_bumped_past_the_dimension() -> None:
+    """A dimension ahead of its source (a restored database) heals only with a higher Version."""
+    gid, pid, dev = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    drift = compare({gid: (pid, dev, "A", 1, False, 3)}, {gid: (pid, dev, "A", 1, False, 9)})
+    assert drift.kinds == {gid: "ahead_version"} and drift.republish == {gid: 9}
+
+
+def test_cli_prints_the_contract_summary_last(
+    db: psycopg.Connection, settings: Settings, ch: ClickHouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_project(db)
+    for name, value in (
+        ("PIN_PG_DSN", settings.pg_dsn),
+        ("PIN_CLICKHOUSE_URL", settings.clickhouse_url),
+    ):
+        monkeypatch.setenv(name, value)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["reconcile"]) == 0
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert summary["projects_checked"] == 1 and summary["projects_drifted"] == 1
+    assert {"dim_rows_checked", "dim_rows_drifted"} <= summary.keys()
+    assert summary["repaired"] is None
