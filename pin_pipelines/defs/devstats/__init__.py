@@ -3,13 +3,18 @@
 import dagster as dg
 
 from pin_pipelines.defs.devstats.assets import dim_layout_group
-from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
+from pin_pipelines.defs.devstats.checks import (
+    dim_layout_group_fresh,
+    dim_layout_group_fresh_job,
+    dim_layout_group_fresh_schedule,
+)
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
 from pin_pipelines.defs.devstats.sensors import dim_layout_group_sensor
 
 defs = dg.Definitions(
     assets=[dim_layout_group],
     asset_checks=[dim_layout_group_fresh],
-    jobs=[dim_layout_group_job, dim_layout_group_backfill_job],
+    jobs=[dim_layout_group_job, dim_layout_group_backfill_job, dim_layout_group_fresh_job],
     sensors=[dim_layout_group_sensor],
+    schedules=[dim_layout_group_fresh_schedule],
 )

@@ -22,3 +22,21 @@ def dim_layout_group_fresh(pin: PinSettings) -> dg.AssetCheckResult:
             "sla_seconds": FRESHNESS_SLA_SECONDS,
         },
     )
+
+
+#: The check also runs on its own, every minute: as a step of the load run it is skipped whenever
+#: the load fails (ClickHouse down) and never runs when no load is launched, which are exactly
+#: the times the SLA is at risk.
+dim_layout_group_fresh_job = dg.define_asset_job(
+    "dim_layout_group_fresh_check_job",
+    selection=dg.AssetSelection.checks(dim_layout_group_fresh),
+    description="Evaluates dim_layout_group_fresh (scheduled every minute).",
+)
+
+dim_layout_group_fresh_schedule = dg.ScheduleDefinition(
+    name="dim_layout_group_fresh_schedule",
+    job=dim_layout_group_fresh_job,
+    cron_schedule="* * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Evaluates the freshness SLA every minute, also while loads fail or stop.",
+)

@@ -1,0 +1,193 @@
+"""The outbox relay in Dagster (issue 4), in process against the real PostgreSQL and Kafka: the job
+publishes the outbox and records a materialization per topic asset; the sensor launches it only
+while the outbox holds events and no relay run is in flight."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import psycopg
+import pytest
+
+from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
+from pin_pipelines.defs.relay.jobs import outbox_relay_job
+from pin_pipelines.defs.relay.sensors import outbox_relay_sensor
+from pin_pipelines.defs.resources import RESOURCES
+from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, ensure_topics
+from pin_pipelines.relay import OutboxRelay, relay_lag
+from pin_pipelines.relay import topic_end_offsets as end_offsets
+from tests.integration.test_outbox_relay import TOPICS, consume, insert, outbox_count, payload
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture
+def outbox(db: psycopg.Connection, kafka_bootstrap: str) -> psycopg.Connection:
+    """An empty outbox and dead-letter table; the relay topics exist."""
+    db.execute("TRUNCATE chessboard.outbox_events, chessboard.outbox_dead_letters")
+    ensure_topics(kafka_bootstrap, tuple(TOPICS))
+    return db
+
+
+def relay_config(budget: float = 10.0, idle: float = 0.5) -> dict[str, Any]:
+    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget, "idle_seconds": idle}}}}
+
+
+def metadata_of(event: Any) -> dict[str, Any]:
+    return {key: getattr(value, "value", value) for key, value in event.metadata.items()}
+
+
+def test_relay_job_publishes_the_outbox_and_materializes_each_topic(
+    outbox: psycopg.Connection, kafka_bootstrap: str, instance: dg.DagsterInstance
+) -> None:
+    start = end_offsets(kafka_bootstrap, TOPICS)
+    counts = {TOPIC_LAYOUT_GROUP: 3, TOPIC_LAYOUT: 2}  # no project event this time
+    rows = [
+        (topic, key, payload(topic, key, 1))
+        for topic, n in counts.items()
+        for key in (str(uuid.uuid4()) for _ in range(n))
+    ]
+    insert(outbox, rows)
+
+    result = outbox_relay_job.execute_in_process(
+        run_config=relay_config(), resources=RESOURCES, instance=instance
+    )
+
+    assert result.success
+    assert outbox_count(outbox) == 0
+    ends = end_offsets(kafka_bootstrap, TOPICS)
+    materialized = {
+        m.asset_key: metadata_of(m) for m in result.asset_materializations_for_node("relay_outbox")
+    }
+    # One materialization per topic that got events; none for a topic without any.
+    assert set(materialized) == {TOPIC_ASSETS[t].key for t in counts}
+    for topic, n in counts.items():
+        metadata = materialized[TOPIC_ASSETS[topic].key]
+        assert metadata["published"] == n
+        assert metadata["dead_lettered"] == 0
+        latest = {int(p): o for p, o in metadata["latest_offsets"].items()}
+        assert latest, topic
+        for partition, offset in latest.items():  # an acknowledged offset of this run
+            assert start[topic][partition] <= offset < ends[topic][partition]
+
+    sent = {key: (topic, body) for topic, key, body in rows}
+    received = consume(kafka_bootstrap, start, set(sent))
+    assert sorted(key for _, key, _ in received) == sorted(sent)
+    for topic, key, value in received:
+        assert (topic, json.loads(value)) == sent[key]
+
+
+def test_relay_job_reports_dead_letters_and_keeps_going(
+    outbox: psycopg.Connection, kafka_bootstrap: str, instance: dg.DagsterInstance
+) -> None:
+    key = str(uuid.uuid4())
+    bad = payload(TOPIC_LAYOUT_GROUP, key, 1, ContractVersion=2)
+    insert(
+        outbox,
+        [
+            (TOPIC_LAYOUT_GROUP, key, bad),
+            (TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 2)),
+        ],
+    )
+    result = outbox_relay_job.execute_in_process(
+        run_config=relay_config(), resources=RESOURCES, instance=instance
+    )
+    assert result.success
+    [materialization] = result.asset_materializations_for_node("relay_outbox")
+    assert materialization.asset_key == TOPIC_ASSETS[TOPIC_LAYOUT_GROUP].key
+    assert (
+        metadata_of(materialization)["published"],
+        metadata_of(materialization)["dead_lettered"],
+    ) == (1, 1)
+    assert outbox_count(outbox) == 0
+    warnings = [
+        e.message
+        for e in instance.all_logs(result.run_id)
+        if e.level == 30 and "outbox_dead_letters" in (e.message or "")
+    ]
+    assert warnings, "the dead letter is reported in the run's log"
+
+
+def test_relay_job_that_fails_midway_still_materializes_what_it_published(
+    outbox: psycopg.Connection,
+    kafka_bootstrap: str,
+    instance: dg.DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker going away after a first pass: the run fails with the relay's error, and the
+    events it did publish are still recorded on their topic asset."""
+    key = str(uuid.uuid4())
+    insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
+    real_run_once, calls = OutboxRelay.run_once, []
+
+    def run_once_then_fail(self: OutboxRelay) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            raise PinError("Kafka at 127.0.0.1:9092 timed out (simulated)")
+        return real_run_once(self)
+
+    monkeypatch.setattr(OutboxRelay, "run_once", run_once_then_fail)
+    result = outbox_relay_job.execute_in_process(
+        run_config=relay_config(idle=30),
+        resources=RESOURCES,
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert "simulated" in str(failure.step_failure_data.error)
+    [materialization] = result.asset_materializations_for_node("relay_outbox")
+    assert materialization.asset_key == TOPIC_ASSETS[TOPIC_LAYOUT_GROUP].key
+    assert metadata_of(materialization)["published"] == 1
+    assert outbox_count(outbox) == 0
+
+
+# --- the sensor -----------------------------------------------------------------------------
+
+
+def evaluate(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
+    result = outbox_relay_sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.RunRequest | dg.SkipReason), result
+    return result
+
+
+def test_sensor_skips_an_empty_outbox_and_requests_a_run_for_pending_events(
+    outbox: psycopg.Connection, instance: dg.DagsterInstance
+) -> None:
+    empty = evaluate(instance)
+    assert isinstance(empty, dg.SkipReason)
+    assert "empty" in (empty.skip_message or "")
+
+    key = str(uuid.uuid4())
+    insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
+    assert relay_lag(outbox)["pending"] == 1
+    request = evaluate(instance)
+    assert isinstance(request, dg.RunRequest)
+    assert request.tags["pin/outbox_pending"] == "1"
+
+    instance.create_run_for_job(
+        job_def=outbox_relay_job,
+        run_config=relay_config(),
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    busy = evaluate(instance)
+    assert isinstance(busy, dg.SkipReason)
+    assert "already queued or running" in (busy.skip_message or "")
+
+
+def test_sensor_skips_with_the_reason_when_postgres_is_unreachable(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIN_PG_DSN", "postgresql://postgres@127.0.0.1:1/pin_test")
+    result = evaluate(instance)
+    assert isinstance(result, dg.SkipReason)
+    assert "outbox unreadable" in (result.skip_message or "")
