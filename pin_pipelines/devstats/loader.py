@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TypeVar
+from uuid import UUID
 
+import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
@@ -92,7 +94,7 @@ def _record_counters(pg_dsn: str, summary: LoadSummary) -> None:
             record_loader_batch(
                 conn, inserted=summary.inserted, skipped_stale=summary.skipped_stale
             )
-    except PinError as exc:
+    except (PinError, psycopg.Error) as exc:
         log.warning("loader counters not recorded: %s", exc)
 
 
@@ -146,6 +148,10 @@ class _Cycle:
         self.summary = LoadSummary()
         self.producer: Producer | None = None
         self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
+        #: Versions this cycle stored or read: a group seen again skips the guard query, which
+        #: costs about as much as the insert. This cycle is the dimension's only writer (one load
+        #: at a time); a stale entry would only cost a redundant row that argMax ignores.
+        self.known_versions: dict[UUID, int] = {}
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
@@ -248,9 +254,19 @@ class _Cycle:
         """Guard and insert together, so a retry re-reads the stored versions: an insert that landed
         before its acknowledgement was lost is then skipped, not stored twice."""
         newest = newest_per_group(events)
-        stored = stored_versions(self.ch, newest.keys())
+        known = self.known_versions
+        stored = stored_versions(self.ch, [gid for gid in newest if gid not in known])
+        stored.update((gid, known[gid]) for gid in newest if gid in known)
         fresh = [e for e in newest.values() if e.version > stored.get(e.id, -1)]
-        return insert_events(self.ch, fresh) if fresh else 0
+        try:
+            inserted = insert_events(self.ch, fresh) if fresh else 0
+        except ClickHouseUnavailable:
+            for gid in newest:  # the insert may have landed: a retry must read, not trust memory
+                known.pop(gid, None)
+            raise
+        known.update(stored)
+        known.update((e.id, e.version) for e in fresh)
+        return inserted
 
     def _retrying(self, action: Callable[[], T]) -> T:
         started = time.monotonic()

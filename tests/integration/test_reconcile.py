@@ -34,7 +34,6 @@ from pin_pipelines.reconcile import (
     reconcile,
 )
 from pin_pipelines.relay import relay_once
-from tests.integration.clickhouse_fixtures import chdb_url, loader_options
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -42,8 +41,6 @@ from tests.support.chessboard import (
     make_object,
     make_project,
 )
-
-__all__ = ["chdb_url", "loader_options"]  # fixtures, imported for pytest
 
 DIM = "pin_dev_stats.dim_layout_group"
 
