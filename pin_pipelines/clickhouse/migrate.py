@@ -11,10 +11,15 @@ from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, statements
 
 
 def migrate_clickhouse(ch: ClickHouse) -> list[str]:
-    """Apply every migration; returns the file names applied (all of them, every time)."""
+    """Apply every migration; returns the tables that did not exist before (none on a re-run)."""
     legacy = is_legacy_server(ch.server_version)
-    files = sorted(CLICKHOUSE_SQL_DIR.glob("*.sql"))
-    for path in files:
+    before = _tables(ch)
+    for path in sorted(CLICKHOUSE_SQL_DIR.glob("*.sql")):
         for statement in statements(path):
             ch.command(downgrade_ddl_for_legacy_server(statement) if legacy else statement)
-    return [path.name for path in files]
+    return sorted(_tables(ch) - before)
+
+
+def _tables(ch: ClickHouse) -> set[str]:
+    rows = ch.rows("SELECT database, name FROM system.tables WHERE database = 'pin_dev_stats'")
+    return {f"{database}.{name}" for database, name in rows}

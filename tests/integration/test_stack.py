@@ -33,6 +33,7 @@ def test_db_migrate_twice_is_a_no_op(pg_dsn: str, tmp_path: Path) -> None:
     summary(run_pin("db", "migrate", env=env))
     again = summary(run_pin("db", "migrate", env=env))
     assert again["postgres_applied"] == []
+    assert again["clickhouse_applied"] == []
     assert again["kafka_topics_created"] == []
 
 
