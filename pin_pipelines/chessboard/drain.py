@@ -94,12 +94,18 @@ def _never() -> bool:
 
 
 def drain_tick(
-    dsn: str, *, batch_size: int | None = None, should_stop: Callable[[], bool] = _never
+    dsn: str,
+    *,
+    batch_size: int | None = None,
+    should_stop: Callable[[], bool] = _never,
+    correlation_id: str | None = None,
 ) -> TickSummary:
     """One worker tick. `should_stop` is checked between projects (graceful cancellation: the
-    project in hand commits or rolls back whole, the rest stays queued)."""
+    project in hand commits or rolls back whole, the rest stays queued). `correlation_id` tags
+    every log line of the tick (a Dagster run passes its run id and tick number)."""
     q = queries("recalc")
-    summary = TickSummary(correlation_id=uuid.uuid4().hex)
+    started = time.perf_counter()
+    summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with connection(dsn) as conn:
         conn.autocommit = True  # each project opens its own transaction below
         if batch_size is None:
@@ -124,6 +130,25 @@ def drain_tick(
             summary.results.append(result)
         summary.poisoned = int(q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
+    totals = summary.as_dict()
+    log_event(
+        log,
+        "recalc_batch_finished",
+        **{
+            k: totals[k]
+            for k in (
+                "correlation_id",
+                "processed",
+                "failed",
+                "skipped_archived",
+                "deferred",
+                "poisoned",
+                "republished",
+                "stopped_early",
+            )
+        },
+        duration_seconds=round(time.perf_counter() - started, 6),
+    )
     if summary.poisoned:
         log_event(
             log,
@@ -264,11 +289,13 @@ def drain_until_idle(
     wait_for_due_within: float = 6.0,
     should_stop: Callable[[], bool] = _never,
     sleep: Callable[[float], None] = time.sleep,
+    correlation_prefix: str | None = None,
 ) -> DrainRunSummary:
     """Tick until nothing is due, or the budget is spent: one run launch serves many ticks.
 
     A row that falls due within `wait_for_due_within` seconds is waited for rather than left to
-    the next launch, which costs seconds of scheduling lag on a busy daemon.
+    the next launch, which costs seconds of scheduling lag on a busy daemon. Tick n logs with
+    correlation id `<correlation_prefix>.<n>` when a prefix (the Dagster run id) is given.
     """
     deadline = time.monotonic() + budget_seconds
     run = DrainRunSummary()
@@ -277,7 +304,8 @@ def drain_until_idle(
         return should_stop() or time.monotonic() >= deadline
 
     while not stop():
-        tick = drain_tick(dsn, should_stop=stop)
+        tick_id = f"{correlation_prefix}.{len(run.ticks) + 1}" if correlation_prefix else None
+        tick = drain_tick(dsn, should_stop=stop, correlation_id=tick_id)
         run.ticks.append(tick)
         if tick.results:
             continue  # a full or partial batch: more may be due already

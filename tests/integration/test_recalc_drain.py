@@ -3,6 +3,8 @@ recomputed from the source rows, snapshot events in the outbox, failures, poison
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import threading
 import time
@@ -542,3 +544,25 @@ def test_recalculated_values_equal_the_source_truth(db, pg_dsn):
     assert drift(db) != {}
     drain_due(pg_dsn, db)
     assert actual_aggregates(db) == expected_aggregates(db)
+
+
+def test_every_log_line_of_a_tick_carries_its_correlation_id(db, pg_dsn, caplog):
+    """Structured logs: the tick's lines (started, per project with ProjectId/TenantId/LastReason,
+    finished with counts) are JSON objects sharing the correlation id the caller passed."""
+    project = make_project(db)
+    building = make_building(db, project)
+    make_object(db, project, building, None)
+    make_all_due(db)
+    with caplog.at_level(logging.INFO, logger="pin_pipelines.recalc"):
+        drain_tick(pg_dsn, correlation_id="run-42.1")
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "pin_pipelines.recalc"]
+    assert [line["event"] for line in lines] == [
+        "recalc_batch_started",
+        "project_recalculated",
+        "recalc_batch_finished",
+    ]
+    assert {line["correlation_id"] for line in lines} == {"run-42.1"}
+    per_project = lines[1]
+    assert per_project["project_id"] == str(project)
+    assert {"tenant_id", "last_reason", "duration_seconds"} <= per_project.keys()
+    assert lines[2]["processed"] == 1

@@ -22,7 +22,9 @@ def drain_recalc_queue(
     """Drain due rows tick after tick until the queue is idle or the budget is spent."""
     # A terminated run interrupts the op mid-project: that project's transaction rolls back
     # whole and its row stays queued (the spec's cancellation rule).
-    run = drain_until_idle(pin.get().pg_dsn, budget_seconds=config.budget_seconds)
+    run = drain_until_idle(
+        pin.get().pg_dsn, budget_seconds=config.budget_seconds, correlation_prefix=context.run_id
+    )
     summary = run.as_dict()
     metadata = {
         "processed": summary["processed"],
