@@ -56,6 +56,12 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> None:
     serve(settings)
 
 
+def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.serve import dagster_dev
+
+    dagster_dev(settings)
+
+
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.migrate import migrate_all
 
@@ -174,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="dagster-daemon + dagster-webserver until interrupted")
     serve.set_defaults(handler=cmd_serve)
+
+    dev = sub.add_parser("dev", help="`dagster dev` on the project's instance (local use)")
+    dev.set_defaults(handler=cmd_dev)
 
     db = sub.add_parser("db", help="schema").add_subparsers(dest="db_command", required=True)
     migrate = db.add_parser("migrate", help="PostgreSQL schema, ClickHouse database, Kafka topics")

@@ -90,3 +90,22 @@ def serve(settings: Settings) -> None:
         for name, child in children.items():
             if child.returncode not in (None, 0, -signal.SIGTERM):
                 raise PinError(f"{name} exited with code {child.returncode}")
+
+
+def dagster_dev(settings: Settings) -> None:
+    """`dagster dev` on the project's instance: it reads ./dagster.yaml, which needs the
+    environment that prepare_dagster_home builds. Replaces this process."""
+    env = prepare_dagster_home(settings)
+    workspace = str(SOURCE_ROOT / "workspace.yaml")
+    argv = [
+        _bin("dagster"),
+        "dev",
+        "-w",
+        workspace,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(settings.dagster_port),
+    ]
+    os.chdir(SOURCE_ROOT)
+    os.execve(argv[0], argv, env)
