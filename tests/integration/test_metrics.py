@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats.loader import LoadOptions
+from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import ensure_topics
 from pin_pipelines.metrics.collector import SOURCE_TIMEOUT, PinCollector, Source
 from pin_pipelines.metrics.devstats import read_kafka_state
@@ -276,3 +276,32 @@ def test_a_hanging_source_is_cut_off_at_the_timeout() -> None:
     assert time.monotonic() - started < 2
     up = {s.labels["source"]: s.value for s in families["pin_metrics_source_up"].samples}
     assert up == {"hang": 0.0, "fail": 0.0}
+
+
+def test_loader_inserted_and_stale_counts_reach_the_exporter(
+    metrics_db: psycopg.Connection,
+    settings: Settings,
+    chdb_url: str,
+    kafka_bootstrap: str,
+    exporter: MetricsServer,
+) -> None:
+    """A real load (version 2, then a stale version 1 of the same group) is counted in PostgreSQL
+    and served as devstats_loader_inserted_total / devstats_loader_skipped_stale_total."""
+    suffix = uuid.uuid4().hex[:10]
+    options = LoadOptions(
+        topic=f"pin.test.metrics-load.{suffix}",
+        dlq_topic=f"pin.test.metrics-load-dlq.{suffix}",
+        group=f"pin-test-metrics-load-{suffix}",
+    )
+    ensure_topics(kafka_bootstrap, (options.topic, options.dlq_topic))
+    group = Group()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for version in (2, 1):
+        producer.produce(options.topic, json.dumps(group.event(version)).encode(), str(group.id))
+    assert producer.flush(10) == 0
+
+    summary = load_once(replace(settings, clickhouse_url=chdb_url), options)
+    assert (summary.inserted, summary.skipped_stale) == (1, 1)
+    samples = scrape(exporter.port)
+    assert value(samples, "devstats_loader_inserted_total") == 1
+    assert value(samples, "devstats_loader_skipped_stale_total") == 1
