@@ -80,11 +80,11 @@ def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
 def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc
 
-    try:
-        reason = RecalcReason(args.reason)
-    except ValueError:
+    by_name = {r.value.lower(): r for r in RecalcReason}
+    reason = by_name.get(args.reason.lower())
+    if reason is None:
         choices = ", ".join(r.value for r in RecalcReason)
-        raise PinError(f"--reason must be one of: {choices}") from None
+        raise PinError(f"--reason must be one of: {choices}")
     force_recalc(settings.pg_dsn, args.project_id, reason)
     _summary({"requested": str(args.project_id), "reason": reason.value})
 
