@@ -10,6 +10,7 @@ the commit replays the batch, and the version guard makes the replay a no-op for
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSum
     with (
         open_clickhouse(settings.clickhouse_url) as ch,
         kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
+        _collector_paused(),
     ):
         summary = _Cycle(ch, consumer, settings.kafka_bootstrap, options).run()
     _record_counters(settings.pg_dsn, summary)
@@ -335,6 +337,23 @@ class _Cycle:
             low, high = watermarks(self.consumer, topic, tp.partition)
             lag[tp.partition] = high - max(tp.offset, low)
         return lag
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off during a cycle (measured: a quarter of the loader's CPU).
+
+    A batch's events live for milliseconds, yet long enough to be promoted, so the collector kept
+    rescanning the whole process heap every few thousand events. The cycle's objects are freed by
+    reference counting anyway; the rare cyclic garbage it makes waits until the cycle ends.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 @contextmanager
