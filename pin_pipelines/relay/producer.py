@@ -29,8 +29,10 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 
-#: (error, message) per sent event; error is None when the broker acknowledged it.
-Report = tuple[KafkaError | None, Message | None]
+#: (error, partition, offset) per sent event; error is None when the broker acknowledged it.
+#: Plain values, not the Message: keeping 20k Messages (each a copy of key and value) alive until
+#: the batch is settled cost more CPU than producing them (measured: 1.9 s vs 0.8 s per 200k).
+Report = tuple[KafkaError | None, int, int]
 
 
 def new_producer(bootstrap: str, delivery_timeout: float) -> Producer:
@@ -40,7 +42,11 @@ def new_producer(bootstrap: str, delivery_timeout: float) -> Producer:
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
-            "linger.ms": 5,
+            # A backlog is sent in fewer, fuller requests: a third of the broker's CPU per event
+            # on this 2-core machine (measured), where the broker shares the cores with the relay
+            # and PostgreSQL. Costs at most 20 ms of latency when the outbox is nearly empty.
+            "linger.ms": 20,
+            "compression.type": "lz4",
             "message.timeout.ms": int(delivery_timeout * 1000),
             "error_cb": _log_client_error,
             # librdkafka would print every refused connection on stderr; errors reach the caller
@@ -62,22 +68,32 @@ class Sender:
         self._reports: list[Report | None] = []
 
     def produce(self, topic: str, key: str, value: bytes) -> None:
+        """Runs once per event: the common case is one append and one librdkafka call."""
         index = len(self._reports)
         self._reports.append(None)
         callback = partial(_store, self._reports, index)
-        deadline = None
+        try:
+            self.producer.produce(topic, value, key, on_delivery=callback)
+        except BufferError:  # local queue full: let librdkafka drain it, within the timeout
+            self._produce_when_room(topic, key, value, index, callback)
+        except KafkaException as exc:  # refused before sending (e.g. too large)
+            self._reports[index] = (exc.args[0], -1, -1)
+
+    def _produce_when_room(
+        self, topic: str, key: str, value: bytes, index: int, callback: partial[None]
+    ) -> None:
+        deadline = time.monotonic() + self.timeout
         while True:
+            self.producer.poll(0.05)
             try:
                 self.producer.produce(topic, value, key, on_delivery=callback)
                 return
-            except BufferError:  # local queue full: let librdkafka drain it, within the timeout
-                deadline = deadline or time.monotonic() + self.timeout
+            except BufferError:
                 if time.monotonic() > deadline:
-                    self._reports[index] = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
+                    self._reports[index] = (KafkaError(KafkaError._MSG_TIMED_OUT), -1, -1)
                     return
-                self.producer.poll(0.05)
-            except KafkaException as exc:  # refused before sending (e.g. too large)
-                self._reports[index] = (exc.args[0], None)
+            except KafkaException as exc:
+                self._reports[index] = (exc.args[0], -1, -1)
                 return
 
     def wait(self) -> list[Report]:
@@ -85,14 +101,14 @@ class Sender:
         if self.producer.flush(self.timeout) > 0:
             self.producer.purge()  # the rest fail with _PURGE_* reports; they stay in the outbox
             self.producer.flush(0)
-        timed_out: Report = (KafkaError(KafkaError._MSG_TIMED_OUT), None)
+        timed_out: Report = (KafkaError(KafkaError._MSG_TIMED_OUT), -1, -1)
         reports = [report or timed_out for report in self._reports]
         self._reports = []
         return reports
 
 
 def _store(reports: list[Report | None], index: int, err: KafkaError | None, msg: Message) -> None:
-    reports[index] = (err, msg)
+    reports[index] = (err, msg.partition() or 0, msg.offset() or 0)
 
 
 def _log_client_error(err: Any) -> None:

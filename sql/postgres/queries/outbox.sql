@@ -52,8 +52,9 @@ SELECT bucket FROM chessboard.outbox_buckets WHERE bucket = :bucket FOR UPDATE;
 -- (measured: a third of the relay's throughput). Never SKIP LOCKED inside a bucket: skipping a
 -- row would publish its key's next version before it.
 -- The payload leaves as jsonb text (valid, canonical, one line): re-encoding each payload in
--- Python would cost more than the rest of the relay together.
-SELECT e.id, e.topic, e.message_key, e.payload::text AS payload,
+-- Python would cost more than the rest of the relay together. As UTF-8 bytea, so the binary
+-- cursor hands Python the bytes Kafka sends.
+SELECT e.id, e.topic, e.message_key, convert_to(e.payload::text, 'UTF8') AS payload,
        CASE
            WHEN t.topic IS NULL THEN 'unknown topic ' || e.topic
            WHEN jsonb_typeof(e.payload) <> 'object'
@@ -90,10 +91,14 @@ INSERT INTO chessboard.outbox_dead_letters (id, topic, message_key, payload, cre
 SELECT id, topic, message_key, payload, created_at, error FROM moved
 ON CONFLICT (id) DO UPDATE SET error = excluded.error, dead_lettered_at = now();
 
--- name: delete_published(ids)!
--- Only rows whose delivery report succeeded, in the transaction that holds their bucket. :ids is
--- an array literal (see outbox.py).
-DELETE FROM chessboard.outbox_events WHERE id = ANY(:ids::bigint[]);
+-- name: delete_published(firsts, lasts)!
+-- Only rows whose delivery report succeeded, in the transaction that holds their bucket. Each
+-- [first, last] is a run of consecutive ids that were all read and acknowledged in this batch
+-- (ids are unique, so no row committed later falls inside one; see _id_runs in outbox.py).
+-- The arrays are literals (see outbox.py).
+DELETE FROM chessboard.outbox_events e
+USING unnest(:firsts::bigint[], :lasts::bigint[]) AS r (first_id, last_id)
+WHERE e.id BETWEEN r.first_id AND r.last_id;
 
 -- name: count_relayed(topics, published, dead_lettered)!
 -- Same transaction as the deletes: a counter never runs ahead of or behind the outbox. Rows are
