@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pin_pipelines.errors import PinError
@@ -34,13 +35,37 @@ def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     return True
 
 
+#: Answers of a broker that is up but still electing leaders after a restart.
+_SETTLING = frozenset(
+    {
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+
+
+def _list_topics(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> list[str]:
+    """Topic names. A broker that just restarted answers with retriable errors (leader epochs
+    still settling) for a few seconds: those are retried within the timeout, not reported."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return list(client.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics)
+        except KafkaException as exc:
+            error = exc.args[0]
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _SETTLING
+            )
+            if not retriable or time.monotonic() >= deadline:
+                raise PinError(f"Kafka at {bootstrap} is unreachable: {error}") from exc
+            time.sleep(0.5)
+
+
 def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[str]:
     """Create missing topics (idempotent); returns the ones created."""
     client = admin(bootstrap)
-    try:
-        existing = set(client.list_topics(timeout=10).topics)
-    except KafkaException as exc:
-        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+    existing = set(_list_topics(client, bootstrap))
     missing = [t for t in topics if t not in existing]
     if not missing:
         return []

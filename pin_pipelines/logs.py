@@ -12,6 +12,8 @@ from typing import Any
 def log_event(
     logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any
 ) -> None:
+    if not logger.isEnabledFor(level):
+        return
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
     logger.log(level, json.dumps(record, default=str, ensure_ascii=False))
 

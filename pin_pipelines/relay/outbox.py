@@ -25,7 +25,7 @@ from pin_pipelines.config import Settings
 from pin_pipelines.db import connect, queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import ensure_topics
-from pin_pipelines.relay.log import log_event
+from pin_pipelines.logs import log_event
 from pin_pipelines.relay.producer import (
     MAX_MESSAGE_BYTES,
     PERMANENT_ERRORS,
@@ -39,6 +39,8 @@ Q: Any = queries("outbox")
 
 #: Rows per round trip of the claim cursor; a batch (one transaction) is up to `batch_size` rows.
 FETCH_SIZE = 2000
+
+log = logging.getLogger("pin_pipelines.relay")
 
 
 class OutboxRelay:
@@ -97,7 +99,7 @@ class OutboxRelay:
             ) from exc
         summary.duration_seconds = time.monotonic() - started
         if summary.published or summary.dead_lettered:
-            log_event(logging.INFO, "relay_run", **summary.as_dict())
+            log_event(log, "relay_run", level=logging.INFO, **summary.as_dict())
         return summary
 
     def run_until(self, stop: threading.Event, idle_seconds: float = 0.1) -> None:
@@ -110,7 +112,7 @@ class OutboxRelay:
             try:
                 summary = self.run_once()
             except PinError as exc:
-                log_event(logging.ERROR, "relay_failed", error=str(exc))
+                log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
                 self._producer = None  # a fresh producer after an outage
                 stop.wait(max(idle_seconds, 1.0))
                 continue
@@ -230,7 +232,14 @@ class OutboxRelay:
         dead_topics: Counter[str] = Counter()
         for event_id, topic, error in batch.dead:
             dead_topics[topic] += 1
-            log_event(logging.WARNING, "event_dead_lettered", id=event_id, topic=topic, error=error)
+            log_event(
+                log,
+                "event_dead_lettered",
+                level=logging.WARNING,
+                id=event_id,
+                topic=topic,
+                error=error,
+            )
         if batch.dead:
             Q.dead_letter_events(
                 conn, ids=[d[0] for d in batch.dead], errors=[d[2] for d in batch.dead]
@@ -248,8 +257,9 @@ class OutboxRelay:
             )
         summary.add_batch(published_topics, dead_topics, offsets)
         log_event(
-            logging.DEBUG,
+            log,
             "relay_batch",
+            level=logging.DEBUG,
             claimed=batch.claimed,
             published=len(published),
             dead_lettered=len(batch.dead),

@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from pin_pipelines.relay.log import log_event
+from pin_pipelines.logs import log_event
 
 #: Key + value bytes above which an event is dead-lettered before it is sent. Below the broker's
 #: default `message.max.bytes` (1 MiB + 12) with room for the record and batch headers.
@@ -33,6 +33,8 @@ PERMANENT_ERRORS = frozenset(
 #: Plain values, not the Message: keeping 20k Messages (each a copy of key and value) alive until
 #: the batch is settled cost more CPU than producing them (measured: 1.9 s vs 0.8 s per 200k).
 Report = tuple[KafkaError | None, int, int]
+
+log = logging.getLogger("pin_pipelines.relay")
 
 
 def new_producer(bootstrap: str, delivery_timeout: float) -> Producer:
@@ -112,4 +114,4 @@ def _store(reports: list[Report | None], index: int, err: KafkaError | None, msg
 
 
 def _log_client_error(err: Any) -> None:
-    log_event(logging.DEBUG, "kafka_client_error", error=str(err))
+    log_event(log, "kafka_client_error", level=logging.DEBUG, error=str(err))
