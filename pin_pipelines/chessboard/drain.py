@@ -286,7 +286,7 @@ def drain_until_idle(
     dsn: str,
     *,
     budget_seconds: float = 25.0,
-    wait_for_due_within: float = 6.0,
+    wait_for_due_within: float = 15.0,
     should_stop: Callable[[], bool] = _never,
     sleep: Callable[[float], None] = time.sleep,
     correlation_prefix: str | None = None,

@@ -11,9 +11,12 @@ from pin_pipelines.defs.recalc.jobs import recalc_drain_job
 from pin_pipelines.defs.runs import runs_in_flight
 from pin_pipelines.errors import PinError
 
-#: A row due within this many seconds is worth a launch now: launching takes seconds itself,
-#: and the run waits for rows that fall due during its budget.
-LOOKAHEAD_SECONDS = 5.0
+#: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a
+#: launch takes 3–7 s here, so a row first seen 7 s before its due time would otherwise be
+#: drained ~10 s late; the run waits for it instead (drain_until_idle's wait_for_due_within).
+LOOKAHEAD_SECONDS = 12.0
+#: A run in flight that leaves rows this overdue is not keeping up: a second one may join.
+OVERDUE_SECONDS = 5.0
 
 
 def max_drain_runs() -> int:
@@ -38,7 +41,7 @@ def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | 
         return dg.SkipReason(f"next row is due in {next_due:.0f}s")
     in_flight = runs_in_flight(context, recalc_drain_job.name, limit=max_drain_runs())
     # One run drains until idle; a second one is added only when the first cannot keep up.
-    if in_flight and (next_due > -LOOKAHEAD_SECONDS or in_flight >= max_drain_runs()):
+    if in_flight and (next_due > -OVERDUE_SECONDS or in_flight >= max_drain_runs()):
         return dg.SkipReason(f"{in_flight} drain run(s) already queued or running")
     return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
 
