@@ -10,8 +10,15 @@ IN_FLIGHT = [
 ]
 
 
-def runs_in_flight(context: dg.SensorEvaluationContext, job_name: str, limit: int = 5) -> int:
-    records = context.instance.get_run_records(
-        dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=limit
+def in_flight_records(
+    context: dg.SensorEvaluationContext, job_name: str, limit: int = 5
+) -> list[dg.RunRecord]:
+    return list(
+        context.instance.get_run_records(
+            dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT), limit=limit
+        )
     )
-    return len(records)
+
+
+def runs_in_flight(context: dg.SensorEvaluationContext, job_name: str, limit: int = 5) -> int:
+    return len(in_flight_records(context, job_name, limit))

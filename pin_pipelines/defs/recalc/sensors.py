@@ -1,14 +1,15 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
 import os
+import time
 
 import dagster as dg
 
 from pin_pipelines.chessboard.drain import seconds_until_next_due
 from pin_pipelines.config import Settings
 from pin_pipelines.defs.recalc.checks import poison_check_job
-from pin_pipelines.defs.recalc.jobs import recalc_drain_job
-from pin_pipelines.defs.runs import runs_in_flight
+from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
+from pin_pipelines.defs.runs import in_flight_records
 from pin_pipelines.errors import PinError
 
 #: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a
@@ -39,11 +40,22 @@ def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | 
         return dg.SkipReason("queue is empty")
     if next_due > LOOKAHEAD_SECONDS:
         return dg.SkipReason(f"next row is due in {next_due:.0f}s")
-    in_flight = runs_in_flight(context, recalc_drain_job.name, limit=max_drain_runs())
-    # One run drains until idle; a second one is added only when the first cannot keep up.
-    if in_flight and (next_due > -OVERDUE_SECONDS or in_flight >= max_drain_runs()):
-        return dg.SkipReason(f"{in_flight} drain run(s) already queued or running")
+    runs = in_flight_records(context, recalc_drain_job.name, limit=max_drain_runs())
+    # One run drains until idle; a second one joins when the first cannot keep up, or takes over
+    # when the first is about to spend its budget (so its end costs no tick + launch delay).
+    if runs and (
+        len(runs) >= max_drain_runs()
+        or (next_due > -OVERDUE_SECONDS and not all(_ending_soon(r) for r in runs))
+    ):
+        return dg.SkipReason(f"{len(runs)} drain run(s) already queued or running")
     return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
+
+
+def _ending_soon(record: dg.RunRecord) -> bool:
+    """A started run within LOOKAHEAD_SECONDS of its drain budget (queued runs are not ending)."""
+    if record.start_time is None:
+        return False
+    return time.time() - record.start_time > DrainConfig().budget_seconds - LOOKAHEAD_SECONDS
 
 
 poison_check_schedule = dg.ScheduleDefinition(
