@@ -13,6 +13,7 @@ from pin_pipelines.config import Settings
 from pin_pipelines.devstats.loader import (
     DEFAULT_GROUP,
     KAFKA_TIMEOUT,
+    first_unloaded,
     kafka_consumer,
     topic_partitions,
     watermarks,
@@ -45,7 +46,7 @@ def unloaded_events(
         behind: list[TopicPartition] = []
         for tp in committed:
             low, high = watermarks(consumer, topic, tp.partition)
-            start = max(tp.offset, low)  # no commit yet (-1001) means "from the beginning"
+            start = first_unloaded(tp.offset, low, high)
             lag.per_partition[tp.partition] = high - start
             if high > start:
                 behind.append(TopicPartition(topic, tp.partition, start))

@@ -173,7 +173,16 @@ class _Cycle:
         ends: dict[int, int] = {}  # partition → high watermark at start
         for p in partitions:
             low, high = watermarks(self.consumer, topic, p)
-            start = max(committed.get(p, -1), low)
+            start = first_unloaded(committed.get(p, -1), low, high)
+            if committed.get(p, -1) > high:
+                log.warning(
+                    "committed offset %s of %s[%s] is past its end %s: replaying from %s",
+                    committed[p],
+                    topic,
+                    p,
+                    high,
+                    low,
+                )
             if start < high:
                 starts[p], ends[p] = start, high
         if starts:
@@ -335,7 +344,7 @@ class _Cycle:
         lag = {}
         for tp in committed:
             low, high = watermarks(self.consumer, topic, tp.partition)
-            lag[tp.partition] = high - max(tp.offset, low)
+            lag[tp.partition] = high - first_unloaded(tp.offset, low, high)
         return lag
 
 
@@ -369,6 +378,14 @@ def _position(msg: Message) -> tuple[int, int]:
     """Partition and offset (the stubs allow None, which only error events without one carry)."""
     partition, offset = msg.partition(), msg.offset()
     return (-1 if partition is None else partition), (-1 if offset is None else offset)
+
+
+def first_unloaded(committed: int, low: int, high: int) -> int:
+    """The group's next offset within [low, high]. No commit yet (negative) or one below the
+    retention start reads from `low`; one past the end (the topic was recreated or the broker's
+    data reset) also replays from `low`: stalling there would starve the dimension silently,
+    and the version guard makes the replay idempotent."""
+    return low if committed > high else max(committed, low)
 
 
 def topic_partitions(consumer: Consumer, topic: str) -> list[int]:

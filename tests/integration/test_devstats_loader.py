@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from pin_pipelines.clickhouse import (
     ClickHouse,
@@ -293,3 +294,27 @@ def test_backfill_is_idempotent(
     assert groups(clickhouse, developer) == before
     assert [physical_rows(clickhouse, g.id) for g in history] == stored
     assert backfill(loader_settings, loader_options).inserted == 0
+
+
+def test_a_group_committed_past_the_end_replays_instead_of_stalling(
+    loader_settings: Settings, loader_options: LoadOptions, kafka_bootstrap: str
+) -> None:
+    """Tried: the group's committed offsets far beyond the log's end (a recreated topic, a reset
+    broker). The loader replays from the beginning instead of reporting negative lag forever."""
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(1), group.event(2)])
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": loader_options.group})
+    try:
+        partitions = consumer.list_topics(loader_options.topic, timeout=10).topics
+        consumer.commit(
+            offsets=[
+                TopicPartition(loader_options.topic, p, 9_000_000)
+                for p in partitions[loader_options.topic].partitions
+            ],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+    summary = load_once(loader_settings, loader_options)
+    assert (summary.consumed, summary.inserted) == (2, 1)
+    assert set(summary.lag.values()) == {0}
