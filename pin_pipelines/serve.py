@@ -43,20 +43,19 @@ def _bin(name: str) -> str:
     return found
 
 
+WORKSPACE = str(SOURCE_ROOT / "workspace.yaml")
+
+
+def _ui_args(settings: Settings) -> list[str]:
+    """Workspace and loopback address shared by dagster-webserver and dagster dev."""
+    return ["-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(settings.dagster_port)]
+
+
 def serve(settings: Settings) -> None:
     env = prepare_dagster_home(settings)
-    workspace = str(SOURCE_ROOT / "workspace.yaml")
     commands = {
-        "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", workspace],
-        "dagster-webserver": [
-            _bin("dagster-webserver"),
-            "-w",
-            workspace,
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(settings.dagster_port),
-        ],
+        "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
+        "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
     }
     children = {
         name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT) for name, argv in commands.items()
@@ -96,16 +95,6 @@ def dagster_dev(settings: Settings) -> None:
     """`dagster dev` on the project's instance: it reads ./dagster.yaml, which needs the
     environment that prepare_dagster_home builds. Replaces this process."""
     env = prepare_dagster_home(settings)
-    workspace = str(SOURCE_ROOT / "workspace.yaml")
-    argv = [
-        _bin("dagster"),
-        "dev",
-        "-w",
-        workspace,
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(settings.dagster_port),
-    ]
+    argv = [_bin("dagster"), "dev", *_ui_args(settings)]
     os.chdir(SOURCE_ROOT)
     os.execve(argv[0], argv, env)
