@@ -19,20 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
 
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connect, queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import ensure_topics
 from pin_pipelines.logs import log_event
-from pin_pipelines.relay.producer import (
-    MAX_MESSAGE_BYTES,
-    PERMANENT_ERRORS,
-    Report,
-    Sender,
-    new_producer,
-)
+from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
 from pin_pipelines.relay.summary import RelaySummary
 
 Q: Any = queries("outbox")
@@ -63,7 +56,7 @@ class OutboxRelay:
         self.lock_timeout = lock_timeout
         self.on_flushed = on_flushed
         self._conn: psycopg.Connection | None = None
-        self._producer: Producer | None = None
+        self._sender: Sender | None = None
 
     def __enter__(self) -> OutboxRelay:
         return self
@@ -75,7 +68,7 @@ class OutboxRelay:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._producer = None  # every batch was flushed: nothing is left in its queue
+        self._sender = None  # every batch was flushed: nothing is left in its queue
 
     def run_once(self) -> RelaySummary:
         """Publish every event committed before this call; returns what was done."""
@@ -113,7 +106,7 @@ class OutboxRelay:
                 summary = self.run_once()
             except PinError as exc:
                 log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
-                self._producer = None  # a fresh producer after an outage
+                self._sender = None  # a fresh producer after an outage
                 stop.wait(max(idle_seconds, 1.0))
                 continue
             if summary.published == 0 and summary.dead_lettered == 0:
@@ -131,13 +124,13 @@ class OutboxRelay:
             self._conn = conn
         return self._conn
 
-    def _producer_for(self, conn: psycopg.Connection) -> Producer:
+    def _sender_for(self, conn: psycopg.Connection) -> Sender:
         """Made at the first batch, once the topics exist (also the clear "broker down" error)."""
-        if self._producer is None:
+        if self._sender is None:
             topics = tuple(topic for (topic,) in Q.relay_topics(conn))
             ensure_topics(self.settings.kafka_bootstrap, topics)
-            self._producer = new_producer(self.settings.kafka_bootstrap, self.delivery_timeout)
-        return self._producer
+            self._sender = Sender(self.settings.kafka_bootstrap, self.delivery_timeout)
+        return self._sender
 
     def _relay_up_to(self, conn: psycopg.Connection, horizon: int, summary: RelaySummary) -> None:
         pending = [bucket for (bucket,) in Q.all_buckets(conn)]
@@ -146,12 +139,12 @@ class OutboxRelay:
                 claimed = self._claim_buckets(conn, pending, horizon)
                 if not claimed:
                     return
-                sender = Sender(self._producer_for(conn), timeout=self.delivery_timeout + 5)
+                sender = self._sender_for(conn)
                 batch = self._stream(conn, claimed, horizon, sender)
-                reports = sender.wait()
+                failures = sender.wait()
                 if self.on_flushed is not None:
                     self.on_flushed()
-                kept, error = self._settle(conn, batch, reports, summary)
+                kept, error = self._settle(conn, batch, failures, summary)
             if kept:
                 raise PinError(
                     f"Kafka at {self.settings.kafka_bootstrap} timed out: {kept} events not"
@@ -178,7 +171,7 @@ class OutboxRelay:
         """Read the buckets' oldest events and produce the publishable ones as they arrive."""
         batch = _Batch()
         params = {"buckets": buckets, "horizon": horizon, "limit": self.batch_size}
-        produce, sent, dead = sender.produce, batch.sent.append, batch.dead.append
+        send, sent, dead = sender.send, batch.sent.append, batch.dead.append
         # Server-side cursor: PostgreSQL reads and checks the next chunk while this one is
         # produced, and librdkafka sends in its own threads. Binary rows: the payload arrives as
         # the bytes Kafka sends, with no decoding to str and encoding back. This loop runs once
@@ -193,7 +186,7 @@ class OutboxRelay:
                         error = f"message of {len(value)} bytes exceeds {MAX_MESSAGE_BYTES} bytes"
                     if error is None:
                         sent(row)
-                        produce(topic, key, value)
+                        send(topic, key, value)
                     else:
                         dead((event_id, topic, error))
         return batch
@@ -202,32 +195,33 @@ class OutboxRelay:
         self,
         conn: psycopg.Connection,
         batch: _Batch,
-        reports: list[Report],
+        failures: list[Failure],
         summary: RelaySummary,
     ) -> tuple[int, str]:
         """Delete what the broker acknowledged, dead-letter what it never will; returns how many
         events stay for a retry and the first delivery error."""
-        published: list[int] = []
-        published_topics: Counter[str] = Counter()
-        offsets: dict[tuple[str, int], int] = {}
-        failed_keys: set[str] = set()
-        kept, first_error = 0, ""
-        for (event_id, topic, key, _, _), (err, partition, offset) in zip(
-            batch.sent, reports, strict=True
-        ):
-            if err is None and key not in failed_keys:
-                published.append(event_id)
-                published_topics[topic] += 1
-                # Reports are in produce order, which is offset order within a partition.
-                offsets[topic, partition] = offset
-            elif err is not None and err.code() in PERMANENT_ERRORS:
-                batch.dead.append((event_id, topic, f"Kafka refused the event: {err.str()}"))
-            else:
-                # Acknowledged events after a failed one of the same key are sent again with it,
-                # so the key's last message on the topic is still its highest Version.
-                kept += 1
-                failed_keys.add(key)
-                first_error = first_error or (err.str() if err is not None else "")
+        published, kept, first_error = batch.sent, 0, ""
+        if failures:
+            refused = {
+                f.value: f"Kafka refused the event: {f.error.str()}"
+                for f in failures
+                if f.permanent
+            }
+            # Every event of a key with a retryable failure stays, also those acknowledged around
+            # it: the retry sends them again in order, so the key's last message on the topic is
+            # still its highest Version (duplicates are allowed, a stale last message is not).
+            retry_keys = {f.key for f in failures if not f.permanent}
+            first_error = next((f.error.str() for f in failures if not f.permanent), "")
+            published = []
+            for row in batch.sent:
+                event_id, topic, key, value, _ = row
+                if key in retry_keys:
+                    kept += 1
+                elif value in refused:
+                    batch.dead.append((event_id, topic, refused[value]))
+                else:
+                    published.append(row)
+        published_topics = Counter(row[1] for row in published)
 
         dead_topics: Counter[str] = Counter()
         for event_id, topic, error in batch.dead:
@@ -245,7 +239,7 @@ class OutboxRelay:
                 conn, ids=[d[0] for d in batch.dead], errors=[d[2] for d in batch.dead]
             )
         if published:
-            firsts, lasts = _id_runs(published)
+            firsts, lasts = _id_runs([row[0] for row in published])
             Q.delete_published(conn, firsts=_bigint_array(firsts), lasts=_bigint_array(lasts))
         topics = sorted(published_topics.keys() | dead_topics.keys())
         if topics:
@@ -255,7 +249,7 @@ class OutboxRelay:
                 published=[published_topics[t] for t in topics],
                 dead_lettered=[dead_topics[t] for t in topics],
             )
-        summary.add_batch(published_topics, dead_topics, offsets)
+        summary.add_batch(published_topics, dead_topics)
         log_event(
             log,
             "relay_batch",

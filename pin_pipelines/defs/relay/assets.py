@@ -1,5 +1,5 @@
 """The three snapshot topics, as external assets: Dagster does not compute them, the relay
-publishes to them and records a materialization per topic with counts and latest offsets."""
+publishes to them and records a materialization per topic with counts and end offsets."""
 
 import dagster as dg
 

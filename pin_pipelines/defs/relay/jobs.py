@@ -5,10 +5,11 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from pin_pipelines.config import Settings
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.relay.outbox import OutboxRelay
-from pin_pipelines.relay.summary import RelaySummary
+from pin_pipelines.errors import PinError
+from pin_pipelines.relay import OutboxRelay, RelaySummary, topic_end_offsets
 
 RELAY_JOB_TAGS = {"pin/job": "outbox_relay"}
 
@@ -26,12 +27,13 @@ def relay_outbox(
     """A generator, so what was published before a failure (broker down after a while) is still
     recorded on its topics: events logged with `context.log_event` are dropped when the op raises,
     yielded ones are kept."""
+    settings = pin.get()
     total = RelaySummary()
     deadline = time.monotonic() + config.budget_seconds
     idle_since = time.monotonic()
     try:
         # One relay (one producer) for the whole run: a new producer costs about half a second.
-        with OutboxRelay(pin.get()) as relay:
+        with OutboxRelay(settings) as relay:
             while (
                 time.monotonic() < deadline and time.monotonic() - idle_since < config.idle_seconds
             ):
@@ -42,25 +44,31 @@ def relay_outbox(
                 else:
                     time.sleep(0.2)
     except Exception:
-        yield from _report(context, total)
+        yield from _report(context, settings, total)
         raise
-    yield from _report(context, total)
+    yield from _report(context, settings, total)
 
 
 def _report(
-    context: dg.OpExecutionContext, total: RelaySummary
+    context: dg.OpExecutionContext, settings: Settings, total: RelaySummary
 ) -> Iterator[dg.AssetMaterialization]:
-    for topic, spec in TOPIC_ASSETS.items():
-        published = total.published_by_topic.get(topic, 0)
-        if not published:
-            continue
-        offsets = {str(p): o for p, o in sorted(total.offsets.get(topic, {}).items())}
+    topics = [t for t in TOPIC_ASSETS if total.published_by_topic.get(t)]
+    try:
+        # The topics' end offsets after the run: each partition's next offset, which is past
+        # every event this run published (the relay learns of failures only, not of offsets).
+        ends = topic_end_offsets(settings.kafka_bootstrap, topics) if topics else {}
+    except PinError as exc:  # the broker went away: the counts are still worth recording
+        context.log.warning(f"end offsets not recorded: {exc}")
+        ends = {}
+    for topic in topics:
         yield dg.AssetMaterialization(
-            asset_key=spec.key,
+            asset_key=TOPIC_ASSETS[topic].key,
             metadata={
-                "published": published,
+                "published": total.published_by_topic[topic],
                 "dead_lettered": total.dead_lettered_by_topic.get(topic, 0),
-                "latest_offsets": dg.MetadataValue.json(offsets),
+                "end_offsets": dg.MetadataValue.json(
+                    {str(p): o for p, o in sorted(ends.get(topic, {}).items())}
+                ),
             },
         )
     context.log.info(f"relay summary: {total.as_dict()}")
