@@ -32,12 +32,13 @@ class LayoutGroup:
     source_version: int
 
 
-def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[UUID, int]:
-    """The current SourceVersion of each stored group among `ids` (absent ones are missing)."""
+def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[int, int]:
+    """The current SourceVersion of each stored group among `ids` (absent ones are missing),
+    keyed by the group's UUID as an int, like `newest_per_group`."""
     if not ids:
         return {}
     found = ch.rows(QUERIES["stored_versions"], {"ids": ",".join(map(str, ids))})
-    return {gid: int(version) for gid, version in found}
+    return {gid.int: int(version) for gid, version in found}  # UUIDs (ClickHouse interface)
 
 
 def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TypeVar
-from uuid import UUID
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -150,10 +149,11 @@ class _Cycle:
         self.summary = LoadSummary()
         self.producer: Producer | None = None
         self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
-        #: Versions this cycle stored or read: a group seen again skips the guard query, which
-        #: costs about as much as the insert. This cycle is the dimension's only writer (one load
-        #: at a time); a stale entry would only cost a redundant row that argMax ignores.
-        self.known_versions: dict[UUID, int] = {}
+        #: Versions this cycle stored or read, by the group's UUID as an int (see
+        #: newest_per_group): a group seen again skips the guard query, which costs about as much
+        #: as the insert. This cycle is the dimension's only writer (one load at a time); a stale
+        #: entry would only cost a redundant row that argMax ignores.
+        self.known_versions: dict[int, int] = {}
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
@@ -207,6 +207,7 @@ class _Cycle:
 
     def _drain(self, pending: dict[int, int], nexts: dict[int, int], deadline: float) -> None:
         batch: list[Message] = []
+        batch_ends: dict[int, int] = {}  # partition → offset after the batch's last message
         batch_started = 0.0
         while pending and time.monotonic() < deadline:
             left = sum(pending[p] - nexts[p] for p in pending)
@@ -221,18 +222,18 @@ class _Cycle:
                 if err is None and offset < pending[p]:
                     batch_started = batch_started if batch else time.monotonic()
                     batch.append(msg)
-                    nexts[p] = offset + 1
+                    nexts[p] = batch_ends[p] = offset + 1
                 if err is not None or offset + 1 >= pending[p]:
                     del pending[p]
                     self.consumer.pause([TopicPartition(self.options.topic, p)])
             full = len(batch) >= self.options.batch_size
             due = time.monotonic() - batch_started >= self.options.batch_seconds
             if batch and (full or due or not pending):
-                self._apply(batch)
+                self._apply(batch, batch_ends)
                 self._commit_applied(asynchronous=True)
-                batch = []
+                batch, batch_ends = [], {}
         if batch:
-            self._apply(batch)
+            self._apply(batch, batch_ends)
 
     def _commit_applied(self, *, asynchronous: bool) -> None:
         """Commit what is stored: asynchronously after each batch (a lost commit only replays
@@ -243,7 +244,7 @@ class _Cycle:
         elif offsets:
             _commit(self.consumer, offsets)
 
-    def _apply(self, batch: Sequence[Message]) -> None:
+    def _apply(self, batch: Sequence[Message], ends: dict[int, int]) -> None:
         events: list[LayoutGroupUpserted] = []
         bad: list[tuple[Message, str]] = []
         for msg in batch:
@@ -253,8 +254,7 @@ class _Cycle:
                 bad.append((msg, str(exc)))
         inserted = self._retrying(lambda: self._write(events)) if events else 0
         self._dead_letter(bad)
-        for p, offset in map(_position, batch):
-            self.applied[p] = max(self.applied.get(p, 0), offset + 1)
+        self.applied.update(ends)
         self.summary.batches += 1
         self.summary.consumed += len(batch)
         self.summary.inserted += inserted
@@ -266,17 +266,17 @@ class _Cycle:
         before its acknowledgement was lost is then skipped, not stored twice."""
         newest = newest_per_group(events)
         known = self.known_versions
-        stored = stored_versions(self.ch, [gid for gid in newest if gid not in known])
-        stored.update((gid, known[gid]) for gid in newest if gid in known)
-        fresh = [e for e in newest.values() if e.version > stored.get(e.id, -1)]
+        unseen = [e.id for key, e in newest.items() if key not in known]
+        if unseen:
+            known.update(stored_versions(self.ch, unseen))
+        fresh = [e for key, e in newest.items() if e.version > known.get(key, -1)]
         try:
             inserted = insert_events(self.ch, fresh) if fresh else 0
         except ClickHouseUnavailable:
-            for gid in newest:  # the insert may have landed: a retry must read, not trust memory
-                known.pop(gid, None)
+            for key in newest:  # the insert may have landed: a retry must read, not trust memory
+                known.pop(key, None)
             raise
-        known.update(stored)
-        known.update((e.id, e.version) for e in fresh)
+        known.update((e.id.int, e.version) for e in fresh)
         return inserted
 
     def _retrying(self, action: Callable[[], T]) -> T:

@@ -225,10 +225,10 @@ def test_bad_input_goes_to_the_dlq_and_the_partition_keeps_flowing(
         assert message.headers["error"], kind
     errors = [m.headers["error"] for m in dead]
     assert errors[0].startswith("not JSON")
-    assert "Id: Field required" in errors[1]
-    assert "Version: Field required" in errors[2]
-    assert "Version: Input should be a valid integer" in errors[3]
-    assert "ContractVersion: Input should be 1" in errors[4]
+    assert "missing required field `Id`" in errors[1]
+    assert "missing required field `Version`" in errors[2]
+    assert "Expected `int`, got `str` - at `$.Version`" in errors[3]
+    assert "Invalid enum value 2 - at `$.ContractVersion`" in errors[4]
 
     assert load_once(loader_settings, loader_options).consumed == 0  # committed past them
 
