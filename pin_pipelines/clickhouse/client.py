@@ -52,6 +52,11 @@ class ClickHouse(ABC):
         """Insert rows in one block; a retry with the same `dedup_token` is not stored twice
         (where the engine supports it and the table enables non-replicated deduplication)."""
 
+    @property
+    def deduplicates_inserts(self) -> bool:
+        """Whether `insert` honours `dedup_token`; callers skip computing one where it does not."""
+        return True
+
     @abstractmethod
     def close(self) -> None:
         """Release the connection (the embedded engine's folder lock goes with the process)."""

@@ -15,7 +15,7 @@ from clickhouse_driver.errors import Error as DriverError
 from clickhouse_driver.errors import NetworkError, SocketTimeoutError
 
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseError, ClickHouseUnavailable, Row
-from pin_pipelines.clickhouse.literals import Param, render
+from pin_pipelines.clickhouse.literals import Param, UuidSet, render
 from pin_pipelines.clickhouse.url import ServerAddress
 
 #: The driver logs every refused connection with a traceback; callers get a PinError instead.
@@ -43,7 +43,21 @@ class ServerClickHouse(ClickHouse):
         self._execute(render(sql, params))
 
     def rows(self, sql: str, params: Mapping[str, Param] | None = None) -> list[Row]:
-        return [tuple(row) for row in self._execute(render(sql, params))]
+        """A UuidSet parameter travels as an external table named after it (`IN _name`): binary
+        UUIDs, a third of the time of the same query with the ids in a string (measured on
+        18.16 with 1000 ids: 4 ms vs 12 ms)."""
+        plain = {k: v for k, v in (params or {}).items() if not isinstance(v, UuidSet)}
+        sets = {k: v for k, v in (params or {}).items() if isinstance(v, UuidSet)}
+        tables = [
+            {
+                "name": f"_{name}",
+                "structure": [("id", "UUID")],
+                "data": [{"id": i} for i in uuids.ids],
+            }
+            for name, uuids in sets.items()
+        ]
+        sql = render(sql, plain, verbatim={name: f"_{name}" for name in sets})
+        return [tuple(row) for row in self._execute(sql, external_tables=tables or None)]
 
     def insert(
         self,
@@ -55,14 +69,15 @@ class ServerClickHouse(ClickHouse):
         if not rows:
             return
         settings = {}
-        if dedup_token is not None and self._supports_dedup_token():
+        if dedup_token is not None and self.deduplicates_inserts:
             settings["insert_deduplication_token"] = dedup_token
         self._execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES", rows, settings)
 
     def close(self) -> None:
         self._client.disconnect()
 
-    def _supports_dedup_token(self) -> bool:
+    @property
+    def deduplicates_inserts(self) -> bool:
         """`insert_deduplication_token` exists since ClickHouse 22.2; 18.16 does not know it (the
         driver would drop it with a warning), so it is skipped there. A retried insert then relies
         on ReplacingMergeTree alone: an identical row merges away and argMax reads are
@@ -79,9 +94,12 @@ class ServerClickHouse(ClickHouse):
         sql: str,
         data: Sequence[Sequence[Any]] | None = None,
         settings: dict[str, Any] | None = None,
+        external_tables: list[dict[str, Any]] | None = None,
     ) -> Any:
         try:
-            return self._client.execute(sql, data, settings=settings)
+            return self._client.execute(
+                sql, data, settings=settings, external_tables=external_tables
+            )
         except _UNREACHABLE as exc:
             self._client.disconnect()
             raise ClickHouseUnavailable(

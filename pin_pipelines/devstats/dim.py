@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from pin_pipelines.clickhouse import ClickHouse
+from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
 from pin_pipelines.devstats.events import COLUMNS, LayoutGroupUpserted
 
@@ -37,18 +38,22 @@ def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[int, int]:
     keyed by the group's UUID as an int, like `newest_per_group`."""
     if not ids:
         return {}
-    found = ch.rows(QUERIES["stored_versions"], {"ids": ",".join(map(str, ids))})
+    found = ch.rows(QUERIES["stored_versions"], {"ids": UuidSet(ids)})
     return {gid.int: int(version) for gid, version in found}  # UUIDs (ClickHouse interface)
 
 
 def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
     """One insert for the whole batch. The dedup token hashes the (group, version) pairs, which
-    identify the rows, so a retry of the same batch is recognised where inserts are deduplicated."""
+    identify the rows, so a retry of the same batch is recognised where inserts are deduplicated
+    (and is not computed where they are not)."""
     batch = list(events)
-    digest = hashlib.sha256()
-    for event in batch:
-        digest.update(event.id.bytes + event.version.to_bytes(8, "big"))
-    ch.insert(TABLE, COLUMNS, [event.row() for event in batch], dedup_token=digest.hexdigest())
+    token = None
+    if ch.deduplicates_inserts:
+        digest = hashlib.sha256()
+        for event in batch:
+            digest.update(event.id.bytes + event.version.to_bytes(8, "big"))
+        token = digest.hexdigest()
+    ch.insert(TABLE, COLUMNS, [event.row() for event in batch], dedup_token=token)
     return len(batch)
 
 

@@ -19,6 +19,7 @@ from pin_pipelines.clickhouse import (
     open_clickhouse,
 )
 from pin_pipelines.clickhouse.legacy import is_legacy_server
+from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
@@ -84,6 +85,21 @@ def test_parameters_are_escaped_literals(clickhouse: ClickHouse) -> None:
         {"text": AWKWARD, "number": -(2**40), "id": ids[1], "ids": ids},
     )
     assert (text, number, found) == (AWKWARD, -(2**40), 1)
+
+
+def test_a_uuid_set_filters_like_in(clickhouse: ClickHouse) -> None:
+    """UuidSet is an external table on the server and a split string in chdb: the same rows."""
+    ids = [uuid.uuid4() for _ in range(1000)]
+    wanted = set(ids[::3]) | {uuid.uuid4()}  # one id that is not there
+    dev = uuid.uuid4()
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    clickhouse.insert(TABLE, COLUMNS, [(i, i, dev, "g", 0, 0, 1, at) for i in ids])
+    found = clickhouse.rows(
+        "SELECT LayoutGroupId FROM pin_dev_stats.dim_layout_group"
+        " WHERE DeveloperId = %(dev)s AND LayoutGroupId IN %(ids)s",
+        {"dev": dev, "ids": UuidSet(wanted)},
+    )
+    assert sorted(gid for (gid,) in found) == sorted(set(ids[::3]))
 
 
 def test_retried_insert_with_the_same_token(clickhouse: ClickHouse) -> None:

@@ -3,10 +3,10 @@
 
 -- name: stored_versions
 -- The loader's version guard: the stored SourceVersion of a batch's groups, in one query.
--- The ids come as one comma-separated string: parsing 1000 UUID literals costs more than the read.
+-- The ids are a UuidSet (pin_pipelines/clickhouse/literals.py): never 1000 parsed UUID literals.
 SELECT LayoutGroupId, argMax(SourceVersion, UpsertedAt)
 FROM pin_dev_stats.dim_layout_group
-WHERE LayoutGroupId IN (SELECT toUUID(arrayJoin(splitByChar(',', %(ids)s))))
+WHERE LayoutGroupId IN %(ids)s
 GROUP BY LayoutGroupId;
 
 -- name: labels
