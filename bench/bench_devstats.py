@@ -8,7 +8,9 @@ For each ClickHouse path (the embedded engine in a fresh temporary folder, and t
    query, the insert, the DLQ path and the offset commits, end to end (wall time of the call).
    The baseline inserts the very rows the loader inserted, batch for batch (the loader's batches
    are recorded), through the same client's `ch.insert`, into a copy of the table (same engine and
-   settings, empty like the loader's at its start). Rates are events/s: N / wall time of each.
+   settings, empty like the loader's at its start). Each phase starts once the engine has no
+   merge running, so neither pays for the other's background merges. Rates are events/s: N / wall
+   time of each.
    Ratio = loader / plain (goal >= 0.5); embedded goal >= 20,000 events/s.
 2. Freshness: a producer thread publishes a steady R events/s (CreatedAt = now) for S seconds while
    the main thread calls `load_once` back to back (what the sensor does, minus its 5-second tick
@@ -47,12 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fresh_database
 
 from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickhouse
+from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats import loader
 from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.devstats.loader import LoadOptions, load_once
-from pin_pipelines.kafka import ensure_topics
+from pin_pipelines.kafka import delete_topics, ensure_topics
 
 SERVER_URL = os.environ.get(
     "PIN_BENCH_CLICKHOUSE_SERVER_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
@@ -60,7 +63,7 @@ SERVER_URL = os.environ.get(
 VISIBLE = f"""
 SELECT LayoutGroupId, argMax(SourceVersion, UpsertedAt)
 FROM {TABLE}
-WHERE LayoutGroupId IN (SELECT toUUID(arrayJoin(splitByChar(',', %(ids)s))))
+WHERE LayoutGroupId IN %(ids)s
 GROUP BY LayoutGroupId
 """
 
@@ -114,7 +117,9 @@ def produce(producer: Producer, topic: str, key: bytes, value: bytes) -> None:
             producer.poll(0.01)
 
 
-def fresh_options(kind: str, bootstrap: str) -> LoadOptions:
+@contextmanager
+def fresh_options(kind: str, bootstrap: str) -> Iterator[LoadOptions]:
+    """Topics and a consumer group of this measurement only; the topics are deleted after it."""
     suffix = f"{kind}.{uuid.uuid4().hex[:10]}"
     options = LoadOptions(
         topic=f"pin.bench.layout-group-upserted.{suffix}",
@@ -122,7 +127,18 @@ def fresh_options(kind: str, bootstrap: str) -> LoadOptions:
         group=f"pin-bench-devstats-{suffix}",
     )
     ensure_topics(bootstrap, (options.topic, options.dlq_topic))
-    return options
+    try:
+        yield options
+    finally:
+        delete_topics(bootstrap, (options.topic, options.dlq_topic))
+
+
+def settle(ch: ClickHouse, timeout: float = 60.0) -> None:
+    """Wait until the engine merges nothing: the merges of one phase's 100 inserts must not run
+    during (and slow down) the next phase, whichever comes second."""
+    deadline = time.monotonic() + timeout
+    while ch.rows("SELECT count() FROM system.merges")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @contextmanager
@@ -145,112 +161,113 @@ def recorded_batches() -> Iterator[list[list[Any]]]:
 
 
 def ingest(ch: ClickHouse, settings: Settings, kind: str, events: int, groups: int) -> dict:
-    options = fresh_options(kind, settings.kafka_bootstrap)
-    stream = Groups(groups)
-    producer = new_producer(settings.kafka_bootstrap)
-    now = datetime.now(UTC)
-    for i in range(events):
-        produce(producer, options.topic, *stream.event(i, now))
-    assert producer.flush(60) == 0
+    with fresh_options(kind, settings.kafka_bootstrap) as options:
+        stream = Groups(groups)
+        producer = new_producer(settings.kafka_bootstrap)
+        now = datetime.now(UTC)
+        for i in range(events):
+            produce(producer, options.topic, *stream.event(i, now))
+        assert producer.flush(60) == 0
 
-    with recorded_batches() as batches:
-        started = time.perf_counter()
-        summary = load_once(settings, options)
-        loader_seconds = time.perf_counter() - started
-    assert summary.complete and summary.consumed == events, summary.as_dict()
-    assert sum(map(len, batches)) == summary.inserted
-    rows = [[event.row() for event in batch] for batch in batches]
+        settle(ch)
+        with recorded_batches() as batches:
+            started = time.perf_counter()
+            summary = load_once(settings, options)
+            loader_seconds = time.perf_counter() - started
+        assert summary.complete and summary.consumed == events, summary.as_dict()
+        assert sum(map(len, batches)) == summary.inserted
+        rows = [[event.row() for event in batch] for batch in batches]
 
-    plain = f"{TABLE}_plain_{uuid.uuid4().hex[:8]}"
-    ch.command(f"CREATE TABLE {plain} AS {TABLE}")
-    try:
-        started = time.perf_counter()
-        for batch_rows in rows:
-            ch.insert(plain, COLUMNS, batch_rows)
-        plain_seconds = time.perf_counter() - started
-    finally:
-        ch.command(f"DROP TABLE IF EXISTS {plain}")
+        plain = f"{TABLE}_plain_{uuid.uuid4().hex[:8]}"
+        ch.command(f"CREATE TABLE {plain} AS {TABLE}")
+        settle(ch)
+        try:
+            started = time.perf_counter()
+            for batch_rows in rows:
+                ch.insert(plain, COLUMNS, batch_rows)
+            plain_seconds = time.perf_counter() - started
+        finally:
+            ch.command(f"DROP TABLE IF EXISTS {plain}")
 
-    loader_rate, plain_rate = events / loader_seconds, events / plain_seconds
-    return {
-        "events": events,
-        "groups": groups,
-        "rows_inserted": summary.inserted,
-        "skipped_stale": summary.skipped_stale,
-        "batches": summary.batches,
-        "loader_seconds": round(loader_seconds, 3),
-        "plain_insert_seconds": round(plain_seconds, 3),
-        "loader_events_per_s": round(loader_rate),
-        "plain_insert_events_per_s": round(plain_rate),
-        "ratio": round(loader_rate / plain_rate, 3),
-    }
+        loader_rate, plain_rate = events / loader_seconds, events / plain_seconds
+        return {
+            "events": events,
+            "groups": groups,
+            "rows_inserted": summary.inserted,
+            "skipped_stale": summary.skipped_stale,
+            "batches": summary.batches,
+            "loader_seconds": round(loader_seconds, 3),
+            "plain_insert_seconds": round(plain_seconds, 3),
+            "loader_events_per_s": round(loader_rate),
+            "plain_insert_events_per_s": round(plain_rate),
+            "ratio": round(loader_rate / plain_rate, 3),
+        }
 
 
 def freshness(
     ch: ClickHouse, settings: Settings, kind: str, rate: int, seconds: float, groups: int
 ) -> dict:
-    options = fresh_options(kind, settings.kafka_bootstrap)
-    stream = Groups(groups)
-    produced: dict[tuple[str, int], float] = {}  # (group id, version) → CreatedAt (epoch s)
-    lock = threading.Lock()
-    done = threading.Event()
+    with fresh_options(kind, settings.kafka_bootstrap) as options:
+        stream = Groups(groups)
+        produced: dict[tuple[str, int], float] = {}  # (group id, version) → CreatedAt (epoch s)
+        lock = threading.Lock()
+        done = threading.Event()
 
-    def publish() -> None:
-        producer = new_producer(settings.kafka_bootstrap)
-        per_tick, tick = max(1, rate // 100), 0.01
-        begin, i = time.monotonic(), 0
-        while time.monotonic() - begin < seconds:
-            for _ in range(per_tick):
-                created = datetime.now(UTC)
-                key, value = stream.event(i, created)
-                with lock:
-                    produced[(key.decode(), i // groups + 1)] = created.timestamp()
-                produce(producer, options.topic, key, value)
-                i += 1
-            producer.poll(0)
-            time.sleep(max(0.0, begin + (i // per_tick) * tick - time.monotonic()))
-        producer.flush(30)
-        done.set()
+        def publish() -> None:
+            producer = new_producer(settings.kafka_bootstrap)
+            per_tick, tick = max(1, rate // 100), 0.01
+            begin, i = time.monotonic(), 0
+            while time.monotonic() - begin < seconds:
+                for _ in range(per_tick):
+                    created = datetime.now(UTC)
+                    key, value = stream.event(i, created)
+                    with lock:
+                        produced[(key.decode(), i // groups + 1)] = created.timestamp()
+                    produce(producer, options.topic, key, value)
+                    i += 1
+                producer.poll(0)
+                time.sleep(max(0.0, begin + (i // per_tick) * tick - time.monotonic()))
+            producer.flush(30)
+            done.set()
 
-    publisher = threading.Thread(target=publish)
-    publisher.start()
-    latencies: list[float] = []
-    cycles, cycle_seconds = 0, 0.0
-    deadline = time.monotonic() + seconds + 60
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        load_once(settings, options)
-        cycles += 1
-        cycle_seconds += time.monotonic() - started
-        with lock:
-            pending = dict(produced)
-        if pending:
-            ids = sorted({gid for gid, _ in pending})
-            seen = {
-                str(gid): int(version) for gid, version in ch.rows(VISIBLE, {"ids": ",".join(ids)})
-            }
-            now = time.time()
-            visible = [(k, t) for k, t in pending.items() if seen.get(k[0], 0) >= k[1]]
-            latencies += [now - t for _, t in visible]
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        latencies: list[float] = []
+        cycles, cycle_seconds = 0, 0.0
+        deadline = time.monotonic() + seconds + 60
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            load_once(settings, options)
+            cycles += 1
+            cycle_seconds += time.monotonic() - started
             with lock:
-                for k, _ in visible:
-                    del produced[k]
-        if done.is_set() and not produced:
-            break
-    publisher.join()
-    latencies.sort()
-    pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3)  # noqa: E731
-    return {
-        "fresh_events": len(latencies),
-        "fresh_not_visible": len(produced),
-        "fresh_rate_per_s": rate,
-        "fresh_seconds": seconds,
-        "load_cycles": cycles,
-        "mean_cycle_s": round(cycle_seconds / max(cycles, 1), 3),
-        "fresh_p50_s": pick(0.50),
-        "fresh_p99_s": pick(0.99),
-        "fresh_max_s": round(latencies[-1], 3),
-    }
+                pending = dict(produced)
+            if pending:
+                ids = sorted({gid for gid, _ in pending})
+                found = ch.rows(VISIBLE, {"ids": UuidSet([uuid.UUID(gid) for gid in ids])})
+                seen = {str(gid): int(version) for gid, version in found}
+                now = time.time()
+                visible = [(k, t) for k, t in pending.items() if seen.get(k[0], 0) >= k[1]]
+                latencies += [now - t for _, t in visible]
+                with lock:
+                    for k, _ in visible:
+                        del produced[k]
+            if done.is_set() and not produced:
+                break
+        publisher.join()
+        latencies.sort()
+        pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3)  # noqa: E731
+        return {
+            "fresh_events": len(latencies),
+            "fresh_not_visible": len(produced),
+            "fresh_rate_per_s": rate,
+            "fresh_seconds": seconds,
+            "load_cycles": cycles,
+            "mean_cycle_s": round(cycle_seconds / max(cycles, 1), 3),
+            "fresh_p50_s": pick(0.50),
+            "fresh_p99_s": pick(0.99),
+            "fresh_max_s": round(latencies[-1], 3),
+        }
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -35,31 +36,46 @@ def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     return True
 
 
-#: Answers of a broker that is up but still electing leaders after a restart.
+#: Answers of a broker that is up but still settling after a restart: electing partition leaders,
+#: loading the group coordinators' offsets.
 _SETTLING = frozenset(
     {
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
     }
 )
 
+T = TypeVar("T")
 
-def _list_topics(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> list[str]:
-    """Topic names. A broker that just restarted answers with retriable errors (leader epochs
-    still settling) for a few seconds: those are retried within the timeout, not reported."""
+
+def while_settling(call: Callable[[], T], timeout: float = 10.0) -> T:
+    """`call()`, retried for up to `timeout` seconds while the broker answers with retriable or
+    settling errors (for a few seconds after it restarted); any other error, or one that outlasts
+    the timeout, is raised as it came."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return list(client.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics)
+            return call()
         except KafkaException as exc:
             error = exc.args[0]
-            retriable = isinstance(error, KafkaError) and (
+            settling = isinstance(error, KafkaError) and (
                 error.retriable() or error.code() in _SETTLING
             )
-            if not retriable or time.monotonic() >= deadline:
-                raise PinError(f"Kafka at {bootstrap} is unreachable: {error}") from exc
+            if not settling or time.monotonic() >= deadline:
+                raise
             time.sleep(0.5)
+
+
+def _list_topics(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> list[str]:
+    """Topic names; a broker still settling after a restart is waited for, not reported."""
+    try:
+        return while_settling(lambda: list(client.list_topics(timeout=timeout).topics), timeout)
+    except KafkaException as exc:
+        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
 
 
 def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[str]:
@@ -80,3 +96,16 @@ def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise PinError(f"creating Kafka topic {topic} failed: {exc}") from exc
     return missing
+
+
+def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
+    """Delete topics that exist (tests and benchmarks remove the private topics they made:
+    hundreds of left-over topics slow every metadata request of a long-lived dev broker)."""
+    client = admin(bootstrap)
+    existing = [t for t in topics if t in set(_list_topics(client, bootstrap))]
+    for topic, future in client.delete_topics(existing, operation_timeout=10).items():
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            if "UNKNOWN_TOPIC_OR_PART" not in str(exc):
+                raise PinError(f"deleting Kafka topic {topic} failed: {exc}") from exc

@@ -13,6 +13,7 @@ from pin_pipelines.config import Settings
 from pin_pipelines.devstats.loader import (
     DEFAULT_GROUP,
     KAFKA_TIMEOUT,
+    committed_offsets,
     first_unloaded,
     kafka_consumer,
     topic_partitions,
@@ -40,9 +41,7 @@ def unloaded_events(
         partitions = topic_partitions(consumer, topic)
         if not partitions:
             return lag
-        committed = consumer.committed(
-            [TopicPartition(topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
-        )
+        committed = committed_offsets(consumer, topic, partitions)
         behind: list[TopicPartition] = []
         for tp in committed:
             low, high = watermarks(consumer, topic, tp.partition)

@@ -32,7 +32,7 @@ from pin_pipelines.devstats.events import (
     parse_event,
 )
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, while_settling
 from pin_pipelines.metrics.recording import record_loader_batch
 
 log = logging.getLogger("pin_pipelines.devstats")
@@ -160,12 +160,7 @@ class _Cycle:
         topic = self.options.topic
         partitions = topic_partitions(self.consumer, topic)
         committed = (
-            {
-                tp.partition: tp.offset
-                for tp in self.consumer.committed(
-                    [TopicPartition(topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
-                )
-            }
+            {tp.partition: tp.offset for tp in committed_offsets(self.consumer, topic, partitions)}
             if partitions
             else {}
         )
@@ -338,9 +333,7 @@ class _Cycle:
         if not partitions:
             return {}
         topic = self.options.topic
-        committed = self.consumer.committed(
-            [TopicPartition(topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
-        )
+        committed = committed_offsets(self.consumer, topic, partitions)
         lag = {}
         for tp in committed:
             low, high = watermarks(self.consumer, topic, tp.partition)
@@ -404,7 +397,18 @@ def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int
     return int(low), int(high)
 
 
+def committed_offsets(
+    consumer: Consumer, topic: str, partitions: Sequence[int]
+) -> list[TopicPartition]:
+    """The group's committed offsets (a coordinator still loading after a restart is waited for)."""
+    wanted = [TopicPartition(topic, p) for p in partitions]
+    return while_settling(lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT), KAFKA_TIMEOUT)
+
+
 def _commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
-    for tp in consumer.commit(offsets=offsets, asynchronous=False) or []:
+    done = while_settling(
+        lambda: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
+    )
+    for tp in done or []:
         if tp.error is not None:
             raise PinError(f"committing offset {tp.offset} of partition {tp.partition}: {tp.error}")

@@ -20,7 +20,7 @@ from pin_pipelines.clickhouse import ClickHouse, ServerAddress, migrate_clickhou
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import ensure_topics
+from pin_pipelines.kafka import delete_topics, ensure_topics
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 
 SERVER_URL = os.environ.get(
@@ -83,9 +83,9 @@ def server_url(server: LocalClickHouseServer) -> str:
 
 
 @pytest.fixture
-def loader_options(kafka_bootstrap: str) -> LoadOptions:
-    """Fresh source and DLQ topics (3 partitions) and consumer group, so tests never share offsets.
-    Retries are short: an unreachable ClickHouse fails in about a second."""
+def loader_options(kafka_bootstrap: str) -> Iterator[LoadOptions]:
+    """Fresh source and DLQ topics (3 partitions, deleted afterwards) and consumer group, so tests
+    never share offsets. Retries are short: an unreachable ClickHouse fails in about a second."""
     suffix = uuid.uuid4().hex[:10]
     options = LoadOptions(
         topic=f"pin.test.layout-group-upserted.{suffix}",
@@ -95,7 +95,8 @@ def loader_options(kafka_bootstrap: str) -> LoadOptions:
         backoff_seconds=0.2,
     )
     ensure_topics(kafka_bootstrap, (options.topic, options.dlq_topic))
-    return options
+    yield options
+    delete_topics(kafka_bootstrap, (options.topic, options.dlq_topic))
 
 
 def settings_for(clickhouse_url: str, kafka_bootstrap: str, state_dir: Path) -> Settings:

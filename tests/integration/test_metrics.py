@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats.loader import LoadOptions, load_once
-from pin_pipelines.kafka import ensure_topics
 from pin_pipelines.metrics.collector import SOURCE_TIMEOUT, PinCollector, Source
 from pin_pipelines.metrics.devstats import read_kafka_state
 from pin_pipelines.metrics.server import MetricsServer, start_metrics_server
@@ -201,15 +200,9 @@ def test_pin_metrics_serve_fails_in_one_line_without_postgres() -> None:
 
 
 def test_loader_consumed_lag_and_freshness_from_kafka(
-    settings: Settings, kafka_bootstrap: str
+    settings: Settings, kafka_bootstrap: str, loader_options: LoadOptions
 ) -> None:
-    suffix = uuid.uuid4().hex[:10]
-    options = LoadOptions(
-        topic=f"pin.test.metrics-layout-group.{suffix}",
-        dlq_topic=f"pin.test.metrics-dlq.{suffix}",
-        group=f"pin-test-metrics-{suffix}",
-    )
-    ensure_topics(kafka_bootstrap, (options.topic, options.dlq_topic))
+    options = loader_options
     # One key, so one partition; the broker timestamp of the second event is 10 minutes old.
     group, now_ms = Group(), int(time.time() * 1000)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -284,16 +277,11 @@ def test_loader_inserted_and_stale_counts_reach_the_exporter(
     chdb_url: str,
     kafka_bootstrap: str,
     exporter: MetricsServer,
+    loader_options: LoadOptions,
 ) -> None:
     """A real load (version 2, then a stale version 1 of the same group) is counted in PostgreSQL
     and served as devstats_loader_inserted_total / devstats_loader_skipped_stale_total."""
-    suffix = uuid.uuid4().hex[:10]
-    options = LoadOptions(
-        topic=f"pin.test.metrics-load.{suffix}",
-        dlq_topic=f"pin.test.metrics-load-dlq.{suffix}",
-        group=f"pin-test-metrics-load-{suffix}",
-    )
-    ensure_topics(kafka_bootstrap, (options.topic, options.dlq_topic))
+    options = loader_options
     group = Group()
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for version in (2, 1):

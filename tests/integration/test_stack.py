@@ -9,6 +9,7 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 from psycopg.types.json import Jsonb
 
+from pin_pipelines.kafka import delete_topics
 from tests.support.cli import assert_one_line_error, run_pin, summary
 
 
@@ -60,6 +61,7 @@ def test_kafka_produce_consume_round_trip(kafka_bootstrap: str) -> None:
         raise AssertionError("message did not come back within 30 s")
     finally:
         consumer.close()
+        delete_topics(kafka_bootstrap, (topic,))
 
 
 def test_pin_reports_postgres_down_in_one_line() -> None:
