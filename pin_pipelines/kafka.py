@@ -102,7 +102,8 @@ def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
     """Delete topics that exist (tests and benchmarks remove the private topics they made:
     hundreds of left-over topics slow every metadata request of a long-lived dev broker)."""
     client = admin(bootstrap)
-    existing = [t for t in topics if t in set(_list_topics(client, bootstrap))]
+    present = set(_list_topics(client, bootstrap))
+    existing = [t for t in topics if t in present]
     for topic, future in client.delete_topics(existing, operation_timeout=10).items():
         try:
             future.result(timeout=15)
