@@ -23,7 +23,8 @@ For each ClickHouse path (the embedded engine in a fresh temporary folder, and t
 Usage: .venv/bin/python bench/bench_devstats.py [--events 100000] [--groups 10000]
        [--rate 1000] [--seconds 20] [--paths chdb,server] [--trials 3]
 Uses PIN_KAFKA_BOOTSTRAP, PIN_PG_DSN's server for a fresh `pin_bench_devstats` database (the
-loader's counters) and PIN_BENCH_CLICKHOUSE_SERVER_URL (default the `pin stack up` server).
+loader's counters) and PIN_BENCH_CLICKHOUSE_SERVER_URL (default: a Debian clickhouse-server of
+this run alone, on a free port, in a temporary folder; the package must be installed).
 Topics and consumer groups are unique per run.
 """
 
@@ -39,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fresh_database
 
-from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickhouse
+from pin_pipelines.clickhouse import ClickHouse, ServerAddress, migrate_clickhouse, open_clickhouse
 from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats import loader
@@ -58,10 +59,9 @@ from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import delete_topics, ensure_topics
+from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
+from pin_pipelines.stack.process import free_port
 
-SERVER_URL = os.environ.get(
-    "PIN_BENCH_CLICKHOUSE_SERVER_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
-)
 VISIBLE = f"""
 SELECT LayoutGroupId, argMax(SourceVersion, UpsertedAt)
 FROM {TABLE}
@@ -141,6 +141,22 @@ def settle(ch: ClickHouse, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while ch.rows("SELECT count() FROM system.merges")[0][0] and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+@contextmanager
+def server_url(folder: Path) -> Iterator[str]:
+    """PIN_BENCH_CLICKHOUSE_SERVER_URL, else a Debian server of this run alone (a free port, a
+    state folder under `folder`): the run's synthetic groups never land in the dev dimension, and
+    no earlier run's parts are still being cleaned up while this one measures."""
+    if url := os.environ.get("PIN_BENCH_CLICKHOUSE_SERVER_URL"):
+        yield url
+        return
+    server = LocalClickHouseServer(ServerAddress("127.0.0.1", free_port(), "default", ""), folder)
+    server.up()
+    try:
+        yield f"clickhouse://default@127.0.0.1:{server.address.port}/pin_dev_stats"
+    finally:
+        server.down()
 
 
 @contextmanager
@@ -272,6 +288,22 @@ def freshness(
         }
 
 
+def measure(url: str, pg_dsn: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings.from_env({**os.environ, "PIN_CLICKHOUSE_URL": url, "PIN_PG_DSN": pg_dsn})
+    with open_clickhouse(url) as ch:  # held open: the embedded engine starts once
+        migrate_clickhouse(ch)
+        trials = sorted(
+            (ingest(ch, settings, kind, args.events, args.groups) for _ in range(args.trials)),
+            key=lambda trial: trial["ratio"],
+        )
+        return {
+            "version": ".".join(map(str, ch.server_version)),
+            **trials[len(trials) // 2],  # the median trial
+            "trial_ratios": [trial["ratio"] for trial in trials],
+            **freshness(ch, settings, kind, args.rate, args.seconds, args.groups // 2),
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -283,30 +315,13 @@ def main() -> None:
     args = parser.parse_args()
 
     pg_dsn = fresh_database("pin_bench_devstats")
-    folder = Path(tempfile.mkdtemp(prefix="pin-bench-chdb-"))
-    urls = {"chdb": f"chdb://{folder}", "server": SERVER_URL}
+    folder = Path(tempfile.mkdtemp(prefix="pin-bench-devstats-"))
     result: dict[str, Any] = {}
     try:
         for kind in args.paths.split(","):
-            url = urls[kind]
-            settings = Settings.from_env(
-                {**os.environ, "PIN_CLICKHOUSE_URL": url, "PIN_PG_DSN": pg_dsn}
-            )
-            with open_clickhouse(url) as ch:  # held open: the embedded engine starts once
-                migrate_clickhouse(ch)
-                trials = sorted(
-                    (
-                        ingest(ch, settings, kind, args.events, args.groups)
-                        for _ in range(args.trials)
-                    ),
-                    key=lambda trial: trial["ratio"],
-                )
-                result[kind] = {
-                    "version": ".".join(map(str, ch.server_version)),
-                    **trials[len(trials) // 2],  # the median trial
-                    "trial_ratios": [trial["ratio"] for trial in trials],
-                    **freshness(ch, settings, kind, args.rate, args.seconds, args.groups // 2),
-                }
+            where = server_url(folder) if kind == "server" else nullcontext(f"chdb://{folder}/chdb")
+            with where as url:
+                result[kind] = measure(url, pg_dsn, kind, args)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     result["goals"] = {

@@ -9,7 +9,6 @@ root without complaint and needs no `users.d`/`config.d`.
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -20,6 +19,7 @@ from pin_pipelines.config import LOOPBACK_HOSTS, Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.process import (
     apt_install,
+    free_port,
     port_open,
     read_pid,
     start_detached,
@@ -203,13 +203,7 @@ class LocalClickHouseServer:
             CONFIG.format(
                 root=root,
                 tcp_port=self.address.port,
-                http_port=self.http_port or _free_port(),
+                http_port=self.http_port or free_port(),
             )
         )
         return config
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

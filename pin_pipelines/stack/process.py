@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -123,10 +124,15 @@ def apt_install(packages: Sequence[str]) -> None:
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    import socket
-
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for a private server or a refused call)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from pin_pipelines.config import SOURCE_ROOT, Settings, dsn_with_dbname
 from pin_pipelines.serve import prepare_dagster_home
+from pin_pipelines.stack.process import free_port
 from tests.support.chessboard import make_building, make_object, make_project
 
 CHROMIUM = "/usr/bin/chromium"
@@ -83,12 +83,6 @@ STOP_SCHEDULE = "mutation Stop($id: String!) { stopRunningSchedule(id: $id) { __
 LOCATION_STATUS = """
 { workspaceOrError { ... on Workspace { locationEntries { name
     locationOrLoadError { __typename } } } } }"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Dagster:

@@ -9,7 +9,6 @@ Registered from `tests/conftest.py` with `pytest_plugins`. A missing service FAI
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import delete_topics, ensure_topics
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
+from pin_pipelines.stack.process import free_port
 
 SERVER_URL = os.environ.get(
     "PIN_TEST_CLICKHOUSE_SERVER_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
@@ -70,12 +70,6 @@ def private_clickhouse_server(tmp_path: Path) -> Iterator[LocalClickHouseServer]
         yield server
     finally:
         server.down()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_url(server: LocalClickHouseServer) -> str:

@@ -23,7 +23,8 @@ from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
-from tests.integration.clickhouse_fixtures import free_port, server_url
+from pin_pipelines.stack.process import free_port
+from tests.integration.clickhouse_fixtures import server_url
 
 TABLE = "pin_dev_stats.dim_layout_group"
 AWKWARD = 'Люкс с видом на море: it\'s "quoted", back\\slash, tab\t, new\nline, nul\0 %(x)s'

@@ -21,7 +21,7 @@ from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.metrics.collector import SOURCE_TIMEOUT, PinCollector, Source
 from pin_pipelines.metrics.devstats import read_kafka_state
 from pin_pipelines.metrics.server import MetricsServer, start_metrics_server
-from tests.integration.clickhouse_fixtures import free_port
+from pin_pipelines.stack.process import free_port
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.devstats import Group
 from tests.support.recalc import drain_due, failing_recalc, start_pin
