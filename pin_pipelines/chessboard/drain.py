@@ -28,9 +28,13 @@ Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred"]
 #: One project is a handful of indexed aggregates (spec: p99 < 2 s); a statement running far
 #: longer is stuck, and must not hold the tick (spec: tick < 30 s).
 STATEMENT_TIMEOUT = "10s"
-#: A row lock held by an HTTP edit of the same aggregate row is waited for this long, then the
-#: project is deferred to the next tick (no attempt counted): contention is not a poison.
-LOCK_TIMEOUT = "2s"
+#: A row lock held by an HTTP edit of the same aggregate row is waited for this share of the
+#: server's deadlock_timeout (1 s by default), then the project is deferred to the next tick (no
+#: attempt counted): contention is not a poison. Below deadlock_timeout on purpose: when an API
+#: transaction holds a row the drain needs and then waits for the queue row the drain holds (its
+#: raiser), the drain gives up first, so PostgreSQL's deadlock detector never aborts the API's
+#: edit (spec: sales, statuses and prices are never blocked by the recalc).
+LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,11 @@ def _process_next(
 ) -> ProjectResult | None:
     q = queries("recalc")
     with conn.transaction():
-        conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
-        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        q.limit_waits(
+            conn,
+            statement_timeout=STATEMENT_TIMEOUT,
+            lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
+        )
         # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
         claim = q.claim_due_request(conn, attempted=attempted)
         if claim is None:

@@ -147,3 +147,94 @@ def test_sigterm_mid_batch_stops_gracefully_leaving_no_project_half_done(db, pg_
     assert events.count("recalc_batch_started") == 1
     assert events.count("project_recalculated") == 2
     assert "project_recalc_failed" not in events
+
+
+def _lock_waiters(conn: psycopg.Connection) -> int:
+    """Backends of this database waiting for a row or table lock."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_lock_cycle_the_drain_enters_first_defers_the_project(db, pg_dsn):
+    """Tried: an API-like transaction locks the project row; a `pin recalc drain --once` process
+    claims the project's queue row and waits for that lock; the API then edits an object's price,
+    so its raiser waits for the queue row the drain holds: a lock cycle. The drain's lock_timeout
+    (half of deadlock_timeout) ends its wait first: the project is deferred (no attempt counted;
+    with a 2 s lock_timeout the deadlock detector failed the drain instead, an attempt towards
+    poison); the edit commits; the next tick recalculates the project with the new price."""
+    tree = _populated_project(db, 100)
+    [(free_object,)] = db.execute(
+        "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
+        (tree["project"],),
+    ).fetchall()
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+
+    with psycopg.connect(pg_dsn) as api:
+        api.execute(
+            "SELECT 1 FROM chessboard.projects WHERE id = %s FOR UPDATE", (tree["project"],)
+        )
+        proc = start_pin(pg_dsn, "recalc", "drain", "--once")
+        _wait_for(lambda: _lock_waiters(db) == 1, 15, "the drain waiting for the project row")
+        api.execute(
+            "UPDATE chessboard.property_objects SET price = 60 WHERE id = %s", (free_object,)
+        )
+        api.commit()
+    summary, _, _ = _finish(proc)
+
+    assert (summary["processed"], summary["deferred"], summary["failed"]) == (0, 1, 0)
+    row = queue_row(db, tree["project"])
+    assert row is not None and row["attempt_count"] == 0 and row["last_error"] is None
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    summary, _, _ = _finish(start_pin(pg_dsn, "recalc", "drain", "--once"))
+    assert summary["processed"] == 1
+    expected, actual = expected_aggregates(db), actual_aggregates(db)
+    assert actual["projects"][tree["project"]] == expected["projects"][tree["project"]]
+    assert actual["projects"][tree["project"]][0] == 60  # price_min
+
+
+def test_a_lock_cycle_the_api_enters_first_never_fails_the_edit(db, pg_dsn):
+    """Tried: a drain process claims the queue row and is slowed (test trigger) while writing the
+    buildings; meanwhile an API-like transaction renames the layout group and edits an object's
+    price, so its raiser waits for the queue row; then the drain reaches the layout group the API
+    holds: a lock cycle the API entered first. The drain's shorter lock wait still ends it before
+    the API's deadlock check (with a 2 s lock_timeout the API's edit failed with "deadlock
+    detected"); the edit commits and the project is deferred, then recalculated."""
+    tree = _populated_project(db, 100)
+    [(free_object,)] = db.execute(
+        "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
+        (tree["project"],),
+    ).fetchall()
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    db.execute(
+        """
+        CREATE FUNCTION chessboard.test_slow_buildings() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$;
+        CREATE TRIGGER test_slow_buildings BEFORE UPDATE ON chessboard.buildings
+            FOR EACH ROW EXECUTE FUNCTION chessboard.test_slow_buildings();
+        """
+    )
+    try:
+        proc = start_pin(pg_dsn, "recalc", "drain", "--once")
+        _wait_for(lambda: sleeping_backends(db) == 1, 15, "the drain writing the buildings")
+        with psycopg.connect(pg_dsn) as api:
+            api.execute(
+                "UPDATE chessboard.layout_groups SET name = 'Студии, правка' WHERE id = %s",
+                (tree["group"],),
+            )
+            api.execute(
+                "UPDATE chessboard.property_objects SET price = 60 WHERE id = %s", (free_object,)
+            )
+            api.commit()
+        summary, _, _ = _finish(proc)
+    finally:
+        db.execute("DROP TRIGGER IF EXISTS test_slow_buildings ON chessboard.buildings")
+        db.execute("DROP FUNCTION IF EXISTS chessboard.test_slow_buildings()")
+
+    assert (summary["processed"], summary["deferred"], summary["failed"]) == (0, 1, 0)
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    summary, _, _ = _finish(start_pin(pg_dsn, "recalc", "drain", "--once"))
+    assert summary["processed"] == 1
+    assert actual_aggregates(db)["projects"][tree["project"]][0] == 60  # price_min

@@ -37,6 +37,14 @@ ORDER BY r.due_at
 LIMIT 1
 FOR UPDATE OF r SKIP LOCKED;
 
+-- name: limit_waits(statement_timeout, lock_share)^
+-- For the rest of this project's transaction. lock_timeout is a share of deadlock_timeout (see
+-- LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT in drain.py), read from the server so it stays below it
+-- whatever the server is configured with.
+SELECT set_config('statement_timeout', :statement_timeout, true),
+       set_config('lock_timeout', greatest(1, round(:lock_share * extract(epoch FROM
+           current_setting('deadlock_timeout')::interval) * 1000))::int::text, true);
+
 -- name: lock_project(project_id)^
 -- The project's snapshot, row-locked: an HTTP edit of the same row waits for this transaction.
 SELECT status, deleted_at FROM chessboard.projects WHERE id = :project_id FOR UPDATE;
