@@ -52,14 +52,15 @@ _SETTLING = frozenset(
 T = TypeVar("T")
 
 
-def while_settling(call: Callable[[], T], timeout: float = 10.0) -> T:
-    """`call()`, retried for up to `timeout` seconds while the broker answers with retriable or
+def while_settling(call: Callable[[float], T], timeout: float = 10.0) -> T:
+    """`call(seconds_left)`, retried until `timeout` while the broker answers with retriable or
     settling errors (for a few seconds after it restarted); any other error, or one that outlasts
-    the timeout, is raised as it came."""
+    the timeout, is raised as it came. The call gets the time left, for its own timeout, so the
+    whole stays within `timeout` (at least a second per attempt)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return call()
+            return call(max(1.0, deadline - time.monotonic()))
         except KafkaException as exc:
             error = exc.args[0]
             settling = isinstance(error, KafkaError) and (
@@ -73,7 +74,7 @@ def while_settling(call: Callable[[], T], timeout: float = 10.0) -> T:
 def _list_topics(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> list[str]:
     """Topic names; a broker still settling after a restart is waited for, not reported."""
     try:
-        return while_settling(lambda: list(client.list_topics(timeout=timeout).topics), timeout)
+        return while_settling(lambda left: list(client.list_topics(timeout=left).topics), timeout)
     except KafkaException as exc:
         raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
 

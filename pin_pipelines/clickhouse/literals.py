@@ -13,11 +13,16 @@ from uuid import UUID
 
 @dataclass(frozen=True)
 class UuidSet:
-    """Many UUIDs for `x IN %(name)s`, passed the cheapest way the backend has: a server gets
-    them as a binary external table (ServerClickHouse), anything else as one string split by the
-    engine. Both beat a tuple of 1000 UUID literals, whose parsing costs more than the read."""
+    """Many UUIDs for `x IN %(name)s`, passed the cheapest way the backend has: a server's query
+    gets them as a binary external table (ServerClickHouse.rows), anything else as one string
+    split by the engine. Both beat a tuple of 1000 UUID literals, whose parsing costs more than
+    the read. Only UUIDs: they go into SQL unquoted inside that string."""
 
     ids: Collection[UUID]
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(i, UUID) for i in self.ids):
+            raise TypeError("a UuidSet holds uuid.UUID values only")
 
 
 #: Scalars a placeholder accepts; a list, tuple or set of them becomes a tuple literal for `IN`.

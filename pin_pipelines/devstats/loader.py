@@ -402,12 +402,12 @@ def committed_offsets(
 ) -> list[TopicPartition]:
     """The group's committed offsets (a coordinator still loading after a restart is waited for)."""
     wanted = [TopicPartition(topic, p) for p in partitions]
-    return while_settling(lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT), KAFKA_TIMEOUT)
+    return while_settling(lambda left: consumer.committed(wanted, timeout=left), KAFKA_TIMEOUT)
 
 
 def _commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
     done = while_settling(
-        lambda: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
+        lambda _left: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
     )
     for tp in done or []:
         if tp.error is not None:

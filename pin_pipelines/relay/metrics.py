@@ -6,6 +6,7 @@ PostgreSQL holds the published/dead-lettered counters and the backlog; Kafka hol
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import psycopg
@@ -51,4 +52,6 @@ def topic_end_offsets(
                 ends[tp.topic][tp.partition] = future.result(timeout=timeout).offset
     except KafkaException as exc:
         raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+    except concurrent.futures.TimeoutError as exc:  # a result not in within the request timeout
+        raise PinError(f"Kafka at {bootstrap} did not answer within {timeout:g}s") from exc
     return ends

@@ -1,9 +1,10 @@
 """Publishes committed outbox events to Kafka: at-least-once, in Version order per key.
 
 One transaction per batch: claim key buckets (one publisher per key at a time), read their
-oldest events, send them, wait for the delivery reports, then delete what the broker acknowledged
-and dead-letter what it never will. A crash before the commit leaves the rows in place, so they are
-sent again (duplicates, never loss); consumers upsert by Id + Version.
+oldest events, send them, wait until every one is acknowledged or reported failed, then delete
+what the broker acknowledged and dead-letter what it never will. A crash before the commit leaves
+the rows in place, so they are sent again (duplicates, never loss); consumers upsert by Id +
+Version.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class OutboxRelay:
         lock_timeout: float = 60.0,
         on_flushed: Callable[[], None] | None = None,
     ) -> None:
-        """`on_flushed` runs after a batch's delivery reports, before its rows are deleted (the
+        """`on_flushed` runs once a batch is flushed to the broker, before its rows are deleted (the
         window in which a crash duplicates events; tests kill the process there)."""
         self.settings = settings
         self.batch_size = batch_size
@@ -147,9 +148,9 @@ class OutboxRelay:
                 kept, error = self._settle(conn, batch, failures, summary)
             if kept:
                 raise PinError(
-                    f"Kafka at {self.settings.kafka_bootstrap} timed out: {kept} events not"
-                    f" acknowledged within {self.delivery_timeout:g}s ({error});"
-                    " they stay in the outbox for the next run"
+                    f"Kafka at {self.settings.kafka_bootstrap} did not acknowledge every event"
+                    f" within {self.delivery_timeout:g}s ({error}); {kept} events of the keys"
+                    " concerned stay in the outbox for the next run"
                 )
             if batch.claimed < self.batch_size:
                 pending = [b for b in pending if b not in claimed]
@@ -266,7 +267,7 @@ class OutboxRelay:
 class _Batch:
     """One transaction's claimed events: the rows sent, in produce order, and the dead.
 
-    Sent rows are the cursor's own tuples (id, topic, key, payload, error): keeping them costs
+    Sent rows are the cursor's own tuples (id, topic, key, value, error): keeping them costs
     no allocation per event, where building a tuple per event showed in the profile.
     """
 

@@ -9,7 +9,8 @@ callback, so no per-message state leaks (checked: flat RSS over 1.2M messages).
 
 A batch is bounded in time: librdkafka fails each message after `message.timeout.ms`, and
 `wait` purges what is still queued after its timeout, so every message of a batch ends either
-acknowledged or with a failure report.
+acknowledged or with a failure report; if librdkafka could not even report the purge, `wait`
+raises instead of letting anything pass as acknowledged.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from pin_pipelines.errors import PinError
 from pin_pipelines.logs import log_event
 
 #: Key + value bytes above which an event is dead-lettered before it is sent. Below the broker's
@@ -36,6 +38,9 @@ PERMANENT_ERRORS = frozenset(
         KafkaError.INVALID_MSG,
     }
 )
+
+#: Seconds to serve the _PURGE_* reports of a purged batch (local work, no broker round trip).
+PURGE_REPORTS_TIMEOUT = 5.0
 
 log = logging.getLogger("pin_pipelines.relay")
 
@@ -112,10 +117,20 @@ class Sender:
 
     def wait(self) -> list[Failure]:
         """The failures among the messages sent since the last call; the others were
-        acknowledged. Returns within the timeout."""
+        acknowledged. Returns within the timeout plus a few seconds.
+
+        Raises PinError when librdkafka still holds messages even after a purge: without their
+        reports, nothing of the batch may be taken as acknowledged (its transaction rolls back,
+        so the events are sent again: duplicates, not loss)."""
         if self.producer.flush(self.timeout) > 0:
             self.producer.purge()  # the rest fail with _PURGE_* reports; they stay in the outbox
-            self.producer.flush(0)
+            left = self.producer.flush(PURGE_REPORTS_TIMEOUT)
+            if left > 0:
+                self._failures = []
+                raise PinError(
+                    f"Kafka producer still holds {left} messages after purging them; the batch"
+                    " stays in the outbox for the next run"
+                )
         failures, self._failures = self._failures, []
         return failures
 

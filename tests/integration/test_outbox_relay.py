@@ -18,14 +18,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg.types.json import Jsonb
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT, ensure_topics
-from pin_pipelines.relay import OutboxRelay, relay_lag, relay_once, topic_counters
+from pin_pipelines.relay import OutboxRelay, RelaySummary, relay_lag, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
+from pin_pipelines.relay.producer import Failure
 from pin_pipelines.stack.kafka import LocalKafka
 
 TOPICS = [TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP]
@@ -327,29 +328,36 @@ def test_malformed_and_oversized_rows_are_dead_lettered_without_blocking(
     del missing_version["Version"]  # the envelope: checked when the row is written
     missing_area = payload(TOPIC_LAYOUT_GROUP, other, 1)
     del missing_area["AreaMin"]  # the topic's own fields: checked against the registry
-    bad = {
-        "unknown topic": ("pin.chessboard.nope.v1", other, payload(TOPIC_LAYOUT_GROUP, other, 1)),
-        "not an object": (TOPIC_LAYOUT_GROUP, other, [1, 2]),
-        "payload misses Version": (TOPIC_LAYOUT_GROUP, other, missing_version),
-        "payload misses AreaMin": (TOPIC_LAYOUT_GROUP, other, missing_area),
-        "Version is not a positive integer": (
+    not_hex = "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"  # 36 lowercase characters, no UUID
+    bad = [  # (what the error must say, the row)
+        ("unknown topic", ("pin.chessboard.nope.v1", other, payload(TOPIC_LAYOUT_GROUP, other, 1))),
+        ("not an object", (TOPIC_LAYOUT_GROUP, other, [1, 2])),
+        ("payload misses Version", (TOPIC_LAYOUT_GROUP, other, missing_version)),
+        ("payload misses AreaMin", (TOPIC_LAYOUT_GROUP, other, missing_area)),
+        ("Version is not a positive integer", (
             TOPIC_LAYOUT_GROUP, other, payload(TOPIC_LAYOUT_GROUP, other, 1, Version="7"),
-        ),
-        "ContractVersion is not 1": (
+        )),
+        ("ContractVersion is not 1", (
             TOPIC_LAYOUT_GROUP, other, payload(TOPIC_LAYOUT_GROUP, other, 1, ContractVersion=2),
-        ),
-        "message_key differs from payload Id": (
+        )),
+        ("ContractVersion is not 1", (  # equal to 1 as jsonb, but it would be sent as 1.0
+            TOPIC_LAYOUT_GROUP, other, payload(TOPIC_LAYOUT_GROUP, other, 1, ContractVersion=1.0),
+        )),
+        ("message_key differs from payload Id", (
             TOPIC_LAYOUT_GROUP, other, payload(TOPIC_LAYOUT_GROUP, key, 1),
-        ),
-        "message_key is not a lowercase UUID": (
+        )),
+        ("message_key is not a lowercase UUID", (
             TOPIC_LAYOUT_GROUP, other.upper(), payload(TOPIC_LAYOUT_GROUP, other.upper(), 1),
-        ),
-        "exceeds": (
+        )),
+        ("message_key is not a lowercase UUID", (
+            TOPIC_LAYOUT_GROUP, not_hex, payload(TOPIC_LAYOUT_GROUP, not_hex, 1),
+        )),
+        ("exceeds", (
             TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 2, Name="x" * 1_100_000),
-        ),
-    }  # fmt: skip
+        )),
+    ]  # fmt: skip
     good = [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, v)) for v in (1, 3)]
-    ids = insert(outbox, [good[0], *bad.values(), good[1]])
+    ids = insert(outbox, [good[0], *(row for _, row in bad), good[1]])
     before = topic_counters(outbox).get(TOPIC_LAYOUT_GROUP, {}).get("dead_lettered", 0)
 
     summary = relay_once(Settings.from_env())
@@ -365,7 +373,7 @@ def test_malformed_and_oversized_rows_are_dead_lettered_without_blocking(
         "SELECT id, error FROM chessboard.outbox_dead_letters ORDER BY id"
     ).fetchall()
     assert [i for i, _ in letters] == ids[1:-1]
-    for (_, error), expected in zip(letters, bad, strict=True):
+    for (_, error), (expected, _) in zip(letters, bad, strict=True):
         assert expected in error
     counters = topic_counters(outbox)
     assert counters[TOPIC_LAYOUT_GROUP]["dead_lettered"] - before == len(bad) - 1
@@ -404,3 +412,43 @@ def test_a_row_edited_in_the_outbox_is_sent_and_checked_as_edited(
         "SELECT error FROM chessboard.outbox_dead_letters WHERE id = %s", (ids[1],)
     ).fetchall()
     assert error == "payload misses Version"
+
+
+def test_settling_a_batch_with_failures_keeps_failed_keys_and_dead_letters_refusals(
+    outbox: psycopg.Connection,
+) -> None:
+    """What the relay does with a batch's failure reports. The broker really receives the batch;
+    the two failures are made up, since a timed-out delivery of one key and a refusal of another
+    cannot be provoked on demand: every event of the key with a retryable failure stays in the
+    outbox, also those acknowledged before and after it (so the retry sends them in order); the
+    refused event is dead-lettered with Kafka's reason; everything else is deleted and counted."""
+    retried, refused, fine = (str(uuid.uuid4()) for _ in range(3))
+    rows = [
+        (TOPIC_LAYOUT_GROUP, retried, payload(TOPIC_LAYOUT_GROUP, retried, v)) for v in (1, 2, 3)
+    ]
+    rows += [(TOPIC_LAYOUT_GROUP, k, payload(TOPIC_LAYOUT_GROUP, k, 1)) for k in (refused, fine)]
+    ids = insert(outbox, rows)
+    before = topic_counters(outbox).get(TOPIC_LAYOUT_GROUP, {}).get("published", 0)
+
+    with OutboxRelay(Settings.from_env()) as relay:
+        conn = relay._connection()
+        with conn.transaction():
+            buckets = relay._claim_buckets(conn, list(range(16)), max(ids))
+            sender = relay._sender_for(conn)
+            batch = relay._stream(conn, buckets, max(ids), sender)
+            assert sender.wait() == []
+            value = {(r[2], json.loads(r[3])["Version"]): r[3] for r in batch.sent}
+            failures = [
+                Failure(KafkaError(KafkaError._MSG_TIMED_OUT), retried, value[retried, 2]),
+                Failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), refused, value[refused, 1]),
+            ]
+            kept, error = relay._settle(conn, batch, failures, RelaySummary())
+
+    assert kept == 3 and "timed out" in error
+    left = outbox.execute("SELECT id FROM chessboard.outbox_events ORDER BY id").fetchall()
+    assert [i for (i,) in left] == ids[:3]
+    [(letter_id, letter_error)] = outbox.execute(
+        "SELECT id, error FROM chessboard.outbox_dead_letters"
+    ).fetchall()
+    assert letter_id == ids[3] and letter_error.startswith("Kafka refused the event: ")
+    assert topic_counters(outbox)[TOPIC_LAYOUT_GROUP]["published"] - before == 1

@@ -195,13 +195,15 @@ def test_a_lock_cycle_the_drain_enters_first_defers_the_project(db, pg_dsn):
     assert actual["projects"][tree["project"]][0] == 60  # price_min
 
 
-def test_a_lock_cycle_the_api_enters_first_never_fails_the_edit(db, pg_dsn):
+def test_an_edit_during_the_recalc_waits_for_it_and_is_never_aborted(db, pg_dsn):
     """Tried: a drain process claims the queue row and is slowed (test trigger) while writing the
-    buildings; meanwhile an API-like transaction renames the layout group and edits an object's
-    price, so its raiser waits for the queue row; then the drain reaches the layout group the API
-    holds: a lock cycle the API entered first. The drain's shorter lock wait still ends it before
-    the API's deadlock check (with a 2 s lock_timeout the API's edit failed with "deadlock
-    detected"); the edit commits and the project is deferred, then recalculated."""
+    buildings; meanwhile an API-like transaction renames the project's layout group and edits an
+    object's price (its raiser then needs the queue row the drain holds). The drain locked every
+    row it may write right after the claim (lock_project), so the rename simply waits for the
+    drain's commit: no lock cycle. (When the drain locked the group only on reaching it, this was
+    a cycle: here the drain deferred, but had the buildings taken half a second longer, the edit's
+    deadlock check would have come first and aborted the edit.) The drain recalculates, the edit
+    commits and queues the project again, and the next tick takes the new price."""
     tree = _populated_project(db, 100)
     [(free_object,)] = db.execute(
         "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
@@ -233,7 +235,8 @@ def test_a_lock_cycle_the_api_enters_first_never_fails_the_edit(db, pg_dsn):
         db.execute("DROP TRIGGER IF EXISTS test_slow_buildings ON chessboard.buildings")
         db.execute("DROP FUNCTION IF EXISTS chessboard.test_slow_buildings()")
 
-    assert (summary["processed"], summary["deferred"], summary["failed"]) == (0, 1, 0)
+    assert (summary["processed"], summary["deferred"], summary["failed"]) == (1, 0, 0)
+    assert queue_row(db, tree["project"]) is not None  # queued again by the edit's raiser
     db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
     summary, _, _ = _finish(start_pin(pg_dsn, "recalc", "drain", "--once"))
     assert summary["processed"] == 1

@@ -11,13 +11,16 @@ from confluent_kafka import KafkaError, KafkaException
 from pin_pipelines.kafka import while_settling
 
 
-def failing(times: int, code: int) -> tuple[Callable[[], str], list[int]]:
-    calls: list[int] = []
+def failing(
+    times: int, code: int, retriable: bool = False
+) -> tuple[Callable[[float], str], list[float]]:
+    """A call that fails `times` times with `code`, then answers; records the time it was given."""
+    calls: list[float] = []
 
-    def call() -> str:
-        calls.append(1)
+    def call(seconds_left: float) -> str:
+        calls.append(seconds_left)
         if len(calls) <= times:
-            raise KafkaException(KafkaError(code))
+            raise KafkaException(KafkaError(code, retriable=retriable))
         return "answer"
 
     return call, calls
@@ -35,6 +38,12 @@ def test_settling_errors_are_retried_until_the_broker_answers(code: int) -> None
     call, calls = failing(2, code)
     assert while_settling(call, timeout=5) == "answer"
     assert len(calls) == 3
+
+
+def test_errors_the_client_flags_retriable_are_retried_too() -> None:
+    call, calls = failing(1, KafkaError._TRANSPORT, retriable=True)
+    assert while_settling(call, timeout=5) == "answer"
+    assert len(calls) == 2 and calls[1] < calls[0] <= 5
 
 
 def test_other_errors_are_raised_at_once() -> None:

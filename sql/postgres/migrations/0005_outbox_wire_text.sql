@@ -5,8 +5,9 @@
 -- PostgreSQL time than the whole send to Kafka (bench/bench_relay.py: 1.2 s of a 2.0 s relay of
 -- 200k events). Stored generated columns move that work into the writing transaction (the drain's,
 -- about 5 µs per event) and keep it right by construction: PostgreSQL recomputes them whenever
--- the row changes, so they can never disagree with `payload`. `payload` stays jsonb and stays
--- the source: what operators query and what the dead-letter table keeps.
+-- the row changes, so they cannot disagree with `payload`. (A later migration that changes
+-- outbox_event_defect must also rewrite the rows: `UPDATE ... SET payload = payload`.) `payload`
+-- stays jsonb and stays the source: what operators query and what the dead-letter table keeps.
 
 -- What is wrong with an event on its own, whatever its topic; NULL when nothing is. The checks
 -- that depend on the topic registry (unknown topic, missing fields) stay in the relay's read
@@ -23,7 +24,11 @@ SELECT CASE
         THEN 'payload misses ' || array_to_string(ARRAY(
             SELECT f FROM unnest('{ContractVersion,EventId,CreatedAt,Id,Version}'::text[]) f
             WHERE NOT payload ? f), ', ')
-    WHEN payload -> 'ContractVersion' IS DISTINCT FROM '1'::jsonb THEN 'ContractVersion is not 1'
+    -- The integer 1 as written: jsonb equality would also take 1.0, which is sent as written
+    -- and which the contract's consumers refuse.
+    WHEN jsonb_typeof(payload -> 'ContractVersion') IS DISTINCT FROM 'number'
+         OR payload ->> 'ContractVersion' <> '1'
+        THEN 'ContractVersion is not 1'
     WHEN jsonb_typeof(payload -> 'Version') IS DISTINCT FROM 'number'
          OR payload ->> 'Version' !~ '^[1-9][0-9]*$'
         THEN 'Version is not a positive integer'

@@ -82,7 +82,7 @@ SELECT id, topic, message_key, payload, created_at, error FROM moved
 ON CONFLICT (id) DO UPDATE SET error = excluded.error, dead_lettered_at = now();
 
 -- name: delete_published(firsts, lasts)!
--- Only rows whose delivery report succeeded, in the transaction that holds their bucket. Each
+-- Only rows the broker acknowledged, in the transaction that holds their bucket. Each
 -- [first, last] is a run of consecutive ids that were all read and acknowledged in this batch
 -- (ids are unique, so no row committed later falls inside one; see _id_runs in outbox.py).
 -- The arrays are literals (see outbox.py).

@@ -46,8 +46,30 @@ SELECT set_config('statement_timeout', :statement_timeout, true),
            current_setting('deadlock_timeout')::interval) * 1000))::int::text, true);
 
 -- name: lock_project(project_id)^
--- The project's snapshot, row-locked: an HTTP edit of the same row waits for this transaction.
-SELECT status, deleted_at FROM chessboard.projects WHERE id = :project_id FOR UPDATE;
+-- The project's snapshot, and every row this transaction may write locked at once, in the lock
+-- order above (project, then its buildings, layouts and layout groups). Any wait for a row an
+-- HTTP edit holds therefore starts right after the claim, never after the longer recalc
+-- statements: in a lock cycle with an edit whose raiser waits for the claimed queue row, the
+-- drain's lock_timeout (half of deadlock_timeout) runs out before the edit's deadlock check, so
+-- the drain defers and the edit goes through. NO KEY UPDATE is the lock the recalc's UPDATEs
+-- take anyway; unlike FOR UPDATE it lets the API insert rows that reference these (a foreign key
+-- takes KEY SHARE) without waiting. The counts are for logs and tests only.
+WITH project AS (
+    SELECT status, deleted_at FROM chessboard.projects WHERE id = :project_id FOR NO KEY UPDATE
+), buildings AS (
+    SELECT 1 FROM chessboard.buildings WHERE project_id = :project_id
+    ORDER BY id FOR NO KEY UPDATE
+), layouts AS (
+    SELECT 1 FROM chessboard.layouts WHERE project_id = :project_id
+    ORDER BY id FOR NO KEY UPDATE
+), layout_groups AS (
+    SELECT 1 FROM chessboard.layout_groups WHERE project_id = :project_id
+    ORDER BY id FOR NO KEY UPDATE
+)
+SELECT status, deleted_at,
+       (SELECT count(*) FROM buildings), (SELECT count(*) FROM layouts),
+       (SELECT count(*) FROM layout_groups)
+FROM project;
 
 -- name: recalc_buildings(project_id)$
 -- Building counters are written but never published: they are not in the building event's payload.
