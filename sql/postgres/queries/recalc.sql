@@ -1,8 +1,8 @@
 -- Named queries of the recalc drain (spec 000, "Алгоритм"). Parameters are :named (aiosql).
 --
 -- Lock order inside one project's transaction, always the same so drains cannot deadlock each
--- other: queue row (claim_due_request) → project row (lock_project) → buildings → layouts →
--- layout groups → project (the recalc_* statements, each updating only rows whose values changed).
+-- other: queue row (claim_due_request) → project row → buildings → layouts → layout groups (all
+-- locked by lock_project, before any recalc_* statement updates the rows whose values changed).
 
 -- Every aggregate is a function of its own project's rows only (spec step 4: "по ProjectId = @p"):
 -- an object counts for a building or layout, and a layout for a group, only when both carry the
