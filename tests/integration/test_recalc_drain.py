@@ -359,7 +359,8 @@ def test_project_locked_by_an_api_edit_is_deferred_once_per_tick(db, pg_dsn, mon
     """An HTTP-like edit holds the project row lock (lock_timeout lowered to 200 ms): the tick
     defers that project once (no attempt counted, row kept), goes on with the next project, and
     does not spin on the locked one for the rest of its batch; the next tick recalculates it."""
-    monkeypatch.setattr(drain_module, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 0.2)  # 200 ms
+    # A fifth of deadlock_timeout: 200 ms with the default of 1 s.
+    monkeypatch.setattr(drain_module, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 0.2)
     locked = _populated_project(db)
     other = _populated_project(db)
     make_all_due(db)
