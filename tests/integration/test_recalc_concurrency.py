@@ -20,6 +20,7 @@ from tests.support.chessboard import (
 )
 from tests.support.recalc import (
     last_json_line,
+    lock_waiters,
     outbox,
     queue_row,
     queued_projects,
@@ -149,13 +150,15 @@ def test_sigterm_mid_batch_stops_gracefully_leaving_no_project_half_done(db, pg_
     assert "project_recalc_failed" not in events
 
 
-def _lock_waiters(conn: psycopg.Connection) -> int:
-    """Backends of this database waiting for a row or table lock."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
+def _due_project_and_free_object(db: psycopg.Connection) -> tuple[dict[str, UUID], UUID]:
+    """A populated project due now, and its Free object (the API edits its price)."""
+    tree = _populated_project(db, 100)
+    [(free_object,)] = db.execute(
+        "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
+        (tree["project"],),
+    ).fetchall()
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    return tree, free_object
 
 
 def test_a_lock_cycle_the_drain_enters_first_defers_the_project(db, pg_dsn):
@@ -165,19 +168,14 @@ def test_a_lock_cycle_the_drain_enters_first_defers_the_project(db, pg_dsn):
     (half of deadlock_timeout) ends its wait first: the project is deferred (no attempt counted;
     with a 2 s lock_timeout the deadlock detector failed the drain instead, an attempt towards
     poison); the edit commits; the next tick recalculates the project with the new price."""
-    tree = _populated_project(db, 100)
-    [(free_object,)] = db.execute(
-        "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
-        (tree["project"],),
-    ).fetchall()
-    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    tree, free_object = _due_project_and_free_object(db)
 
     with psycopg.connect(pg_dsn) as api:
         api.execute(
             "SELECT 1 FROM chessboard.projects WHERE id = %s FOR UPDATE", (tree["project"],)
         )
         proc = start_pin(pg_dsn, "recalc", "drain", "--once")
-        _wait_for(lambda: _lock_waiters(db) == 1, 15, "the drain waiting for the project row")
+        _wait_for(lambda: lock_waiters(db) == 1, 15, "the drain waiting for the project row")
         api.execute(
             "UPDATE chessboard.property_objects SET price = 60 WHERE id = %s", (free_object,)
         )
@@ -204,12 +202,7 @@ def test_an_edit_during_the_recalc_waits_for_it_and_is_never_aborted(db, pg_dsn)
     a cycle: here the drain deferred, but had the buildings taken half a second longer, the edit's
     deadlock check would have come first and aborted the edit.) The drain recalculates, the edit
     commits and queues the project again, and the next tick takes the new price."""
-    tree = _populated_project(db, 100)
-    [(free_object,)] = db.execute(
-        "SELECT id FROM chessboard.property_objects WHERE project_id = %s AND status = 'Free'",
-        (tree["project"],),
-    ).fetchall()
-    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'")
+    tree, free_object = _due_project_and_free_object(db)
     db.execute(
         """
         CREATE FUNCTION chessboard.test_slow_buildings() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -127,9 +127,17 @@ def slow_recalc(conn: psycopg.Connection, seconds: float) -> Iterator[None]:
 
 def sleeping_backends(conn: psycopg.Connection) -> int:
     """Backends currently inside the slow trigger's pg_sleep."""
+    return _backends_waiting(conn, "wait_event = 'PgSleep'")
+
+
+def lock_waiters(conn: psycopg.Connection) -> int:
+    """Backends waiting for a row or table lock."""
+    return _backends_waiting(conn, "wait_event_type = 'Lock'")
+
+
+def _backends_waiting(conn: psycopg.Connection, condition: str) -> int:
     row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event = 'PgSleep' AND datname = current_database()"
+        f"SELECT count(*) FROM pg_stat_activity WHERE {condition} AND datname = current_database()"
     ).fetchone()
     return int(row[0]) if row else 0
 
