@@ -65,3 +65,13 @@ def kafka_bootstrap() -> str:
     bootstrap = os.environ["PIN_KAFKA_BOOTSTRAP"]
     assert broker_answers(bootstrap, timeout=10), f"Kafka at {bootstrap} does not answer"
     return bootstrap
+
+
+@pytest.fixture
+def outbox(db: psycopg.Connection, kafka_bootstrap: str) -> psycopg.Connection:
+    """An empty outbox and dead-letter table; the three snapshot topics exist."""
+    from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT, ensure_topics
+
+    db.execute("TRUNCATE chessboard.outbox_events, chessboard.outbox_dead_letters")
+    ensure_topics(kafka_bootstrap, (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP))
+    return db

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT, ensure_topics
+from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
 from pin_pipelines.relay import OutboxRelay, RelaySummary, relay_lag, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.producer import Failure
@@ -121,14 +121,6 @@ def consume(
         consumer.close()
     assert not remaining, f"did not reach the end offsets of {remaining}"
     return found
-
-
-@pytest.fixture
-def outbox(db: psycopg.Connection, kafka_bootstrap: str) -> psycopg.Connection:
-    """An empty outbox and dead-letter table; the relay topics exist."""
-    db.execute("TRUNCATE chessboard.outbox_events, chessboard.outbox_dead_letters")
-    ensure_topics(kafka_bootstrap, tuple(TOPICS))
-    return db
 
 
 @pytest.fixture

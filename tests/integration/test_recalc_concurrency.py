@@ -203,15 +203,7 @@ def test_an_edit_during_the_recalc_waits_for_it_and_is_never_aborted(db, pg_dsn)
     deadlock check would have come first and aborted the edit.) The drain recalculates, the edit
     commits and queues the project again, and the next tick takes the new price."""
     tree, free_object = _due_project_and_free_object(db)
-    db.execute(
-        """
-        CREATE FUNCTION chessboard.test_slow_buildings() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$;
-        CREATE TRIGGER test_slow_buildings BEFORE UPDATE ON chessboard.buildings
-            FOR EACH ROW EXECUTE FUNCTION chessboard.test_slow_buildings();
-        """
-    )
-    try:
+    with slow_recalc(db, 0.3, table="buildings"):
         proc = start_pin(pg_dsn, "recalc", "drain", "--once")
         _wait_for(lambda: sleeping_backends(db) == 1, 15, "the drain writing the buildings")
         with psycopg.connect(pg_dsn) as api:
@@ -224,9 +216,6 @@ def test_an_edit_during_the_recalc_waits_for_it_and_is_never_aborted(db, pg_dsn)
             )
             api.commit()
         summary, _, _ = _finish(proc)
-    finally:
-        db.execute("DROP TRIGGER IF EXISTS test_slow_buildings ON chessboard.buildings")
-        db.execute("DROP FUNCTION IF EXISTS chessboard.test_slow_buildings()")
 
     assert (summary["processed"], summary["deferred"], summary["failed"]) == (1, 0, 0)
     assert queue_row(db, tree["project"]) is not None  # queued again by the edit's raiser

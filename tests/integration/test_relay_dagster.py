@@ -18,7 +18,7 @@ from pin_pipelines.defs.relay.jobs import outbox_relay_job
 from pin_pipelines.defs.relay.sensors import outbox_relay_sensor
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, ensure_topics
+from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP
 from pin_pipelines.relay import OutboxRelay, relay_lag
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from tests.integration.test_outbox_relay import TOPICS, consume, insert, outbox_count, payload
@@ -28,14 +28,6 @@ from tests.integration.test_outbox_relay import TOPICS, consume, insert, outbox_
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.ephemeral() as inst:
         yield inst
-
-
-@pytest.fixture
-def outbox(db: psycopg.Connection, kafka_bootstrap: str) -> psycopg.Connection:
-    """An empty outbox and dead-letter table; the relay topics exist."""
-    db.execute("TRUNCATE chessboard.outbox_events, chessboard.outbox_dead_letters")
-    ensure_topics(kafka_bootstrap, tuple(TOPICS))
-    return db
 
 
 def relay_config(budget: float = 10.0, idle: float = 0.5) -> dict[str, Any]:

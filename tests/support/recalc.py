@@ -77,52 +77,47 @@ def drain_all(dsn: str, conn: psycopg.Connection) -> list[TickSummary]:
 def failing_recalc(conn: psycopg.Connection, project_id: UUID, message: str) -> Iterator[None]:
     """A test-only trigger that RAISEs when the drain writes this project's aggregates: the
     project's recalc fails for real, inside its own transaction."""
-    conn.execute(
-        f"""
-        CREATE OR REPLACE FUNCTION chessboard.test_fail_recalc() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.id = '{project_id}'::uuid THEN
-                RAISE EXCEPTION USING MESSAGE = {psycopg.sql.quote(message)};
-            END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER test_fail_recalc BEFORE UPDATE ON chessboard.projects
-            FOR EACH ROW EXECUTE FUNCTION chessboard.test_fail_recalc();
-        """
-    )
-    try:
+    with _test_trigger(
+        conn,
+        "test_fail_recalc",
+        "projects",
+        f"IF NEW.id = '{project_id}'::uuid THEN"
+        f" RAISE EXCEPTION USING MESSAGE = {psycopg.sql.quote(message)}; END IF;",
+    ):
         yield
-    finally:
-        drop_failing_recalc(conn)
-
-
-def drop_failing_recalc(conn: psycopg.Connection) -> None:
-    conn.execute("DROP TRIGGER IF EXISTS test_fail_recalc ON chessboard.projects")
-    conn.execute("DROP FUNCTION IF EXISTS chessboard.test_fail_recalc()")
 
 
 @contextmanager
-def slow_recalc(conn: psycopg.Connection, seconds: float) -> Iterator[None]:
-    """A test-only trigger that sleeps whenever the drain writes a project's aggregates, so a
-    recalc lasts long enough for another process to act while it is in flight."""
+def slow_recalc(
+    conn: psycopg.Connection, seconds: float, table: str = "projects"
+) -> Iterator[None]:
+    """A test-only trigger that sleeps whenever the drain writes a row of `table` (the project's
+    aggregates by default), so a recalc lasts long enough for another process to act while it is
+    in flight."""
+    with _test_trigger(conn, "test_slow_recalc", table, f"PERFORM pg_sleep({float(seconds)});"):
+        yield
+
+
+@contextmanager
+def _test_trigger(conn: psycopg.Connection, name: str, table: str, body: str) -> Iterator[None]:
+    """A BEFORE UPDATE row trigger `name` on chessboard.<table> running `body`, dropped on exit."""
     conn.execute(
         f"""
-        CREATE OR REPLACE FUNCTION chessboard.test_slow_recalc() RETURNS trigger
+        CREATE OR REPLACE FUNCTION chessboard.{name}() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
-            PERFORM pg_sleep({float(seconds)});
+            {body}
             RETURN NEW;
         END $$;
-        CREATE TRIGGER test_slow_recalc BEFORE UPDATE ON chessboard.projects
-            FOR EACH ROW EXECUTE FUNCTION chessboard.test_slow_recalc();
+        CREATE TRIGGER {name} BEFORE UPDATE ON chessboard.{table}
+            FOR EACH ROW EXECUTE FUNCTION chessboard.{name}();
         """
     )
     try:
         yield
     finally:
-        conn.execute("DROP TRIGGER IF EXISTS test_slow_recalc ON chessboard.projects")
-        conn.execute("DROP FUNCTION IF EXISTS chessboard.test_slow_recalc()")
+        conn.execute(f"DROP TRIGGER IF EXISTS {name} ON chessboard.{table}")
+        conn.execute(f"DROP FUNCTION IF EXISTS chessboard.{name}()")
 
 
 def sleeping_backends(conn: psycopg.Connection) -> int:
