@@ -21,7 +21,7 @@ For each ClickHouse path (the embedded engine in a fresh temporary folder, and t
    its CreatedAt. Polling after each cycle can only overstate the latency. Goal: p99 < 10 s.
 
 Usage: .venv/bin/python bench/bench_devstats.py [--events 100000] [--groups 10000]
-       [--rate 1000] [--seconds 20] [--paths chdb,server] [--trials 3]
+       [--rate 1000] [--seconds 20] [--paths chdb,server] [--trials 5]
 Uses PIN_KAFKA_BOOTSTRAP, PIN_PG_DSN's server for a fresh `pin_bench_devstats` database (the
 loader's counters) and PIN_BENCH_CLICKHOUSE_SERVER_URL (default: a Debian clickhouse-server of
 this run alone, on a free port, in a temporary folder; the package must be installed).
@@ -136,11 +136,13 @@ def fresh_options(kind: str, bootstrap: str) -> Iterator[LoadOptions]:
 
 
 def settle(ch: ClickHouse, timeout: float = 60.0) -> None:
-    """Wait until the engine merges nothing: the merges of one phase's 100 inserts must not run
-    during (and slow down) the next phase, whichever comes second."""
+    """Wait until the engine merges nothing, then write back the dirty page cache: neither the
+    merges of one phase's 100 inserts nor the kernel's writeback of what it (or the producer)
+    wrote may run during, and slow down, the next phase."""
     deadline = time.monotonic() + timeout
     while ch.rows("SELECT count() FROM system.merges")[0][0] and time.monotonic() < deadline:
         time.sleep(0.2)
+    os.sync()
 
 
 @contextmanager
@@ -315,7 +317,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--paths", default="chdb,server")
-    parser.add_argument("--trials", type=int, default=3, help="ingest trials; the median is shown")
+    parser.add_argument("--trials", type=int, default=5, help="ingest trials; the median is shown")
     args = parser.parse_args()
 
     pg_dsn = fresh_database("pin_bench_devstats")
