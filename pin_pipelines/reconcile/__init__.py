@@ -8,9 +8,11 @@ Plain Python + SQL; the Dagster assets (pin_pipelines/defs/reconcile) and `pin r
 from pin_pipelines.reconcile.aggregates import AggregateDrift, aggregates_drift, enqueue_projects
 from pin_pipelines.reconcile.dimension import (
     DimDrift,
+    VersionsBehind,
     compare,
     dim_layout_group_drift,
     republish_layout_groups,
+    versions_behind,
 )
 from pin_pipelines.reconcile.model import DriftRow, worst
 from pin_pipelines.reconcile.report import (
@@ -27,6 +29,7 @@ __all__ = [
     "DriftRow",
     "ReconcileReport",
     "Repair",
+    "VersionsBehind",
     "aggregates_drift",
     "compare",
     "dim_layout_group_drift",
@@ -35,5 +38,6 @@ __all__ = [
     "repair_aggregates",
     "repair_dim",
     "republish_layout_groups",
+    "versions_behind",
     "worst",
 ]

@@ -124,6 +124,39 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
     return compare(source, dim)
 
 
+#: Drift kinds where the dimension has not caught up with PostgreSQL yet.
+BEHIND = ("missing", "stale_version")
+
+
+@dataclass(frozen=True)
+class VersionsBehind:
+    """Groups the dimension is behind on: no row, or a lower SourceVersion than the source."""
+
+    checked: int
+    behind: list[UUID]
+    #: Of those, the groups whose version was written longer ago than the grace: events that
+    #: should have been visible by now.
+    overdue: list[UUID]
+
+
+def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> VersionsBehind:
+    """The dimension's health as its asset check sees it. A group changed within the grace is
+    normally on its way (outbox → Kafka → loader) and only counted; the drift asset reports
+    every other kind of difference."""
+    drift = dim_layout_group_drift(pg_dsn, ch)
+    behind = sorted((g for g, kind in drift.kinds.items() if kind in BEHIND), key=str)
+    overdue: list[UUID] = []
+    if behind:
+        with connection(pg_dsn) as conn:
+            overdue = [
+                row[0]
+                for row in Q.layout_groups_changed_before(
+                    conn, group_ids=behind, seconds=grace_seconds
+                )
+            ]
+    return VersionsBehind(drift.checked, behind, sorted(overdue, key=str))
+
+
 def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
     """Repair: one transaction per project (project row lock first, as the drain takes it), each
     group's version bumped and its event written to the outbox. Returns the events written."""

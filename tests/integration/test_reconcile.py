@@ -15,8 +15,10 @@ from contextlib import redirect_stdout
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
+import dagster as dg
 import psycopg
 import pytest
 
@@ -24,6 +26,7 @@ from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.cli import main
 from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
 from pin_pipelines.config import Settings
+from pin_pipelines.definitions import defs
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
@@ -32,6 +35,7 @@ from pin_pipelines.reconcile import (
     compare,
     dim_layout_group_drift,
     reconcile,
+    versions_behind,
 )
 from pin_pipelines.relay import relay_once
 from tests.support.chessboard import (
@@ -399,6 +403,67 @@ def test_each_kind_of_dimension_drift_is_found_and_heals_through_the_pipeline(
     summary = reconcile(settings).as_dict()
     assert (summary["projects_drifted"], summary["dim_rows_drifted"]) == (0, 0), summary
     assert summary["dim_drift_by_kind"] == dict.fromkeys(summary["dim_drift_by_kind"], 0)
+
+
+def test_versions_check_fails_only_for_groups_behind_past_the_sla(
+    db: psycopg.Connection,
+    settings: Settings,
+    ch: ClickHouse,
+    chdb_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dim_layout_group_versions_current, run as its schedule runs it: a group whose row is
+    missing or has an older SourceVersion fails the check once its source changed more than the
+    5-minute SLA ago. One changed just now is on its way (counted, not failed); a row at the
+    source's version with another name is the drift asset's business, not this check's."""
+    ids = small_project(db)
+    in_sync, stale, renamed = ids["studios"], ids["lux"], make_layout_group(db, ids["project"])
+    for row in db.execute(
+        "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
+        " FROM chessboard.layout_groups WHERE id = ANY(%s)",
+        ([in_sync, stale, renamed],),
+    ):
+        name = "Old name" if row[0] == renamed else row[3]
+        insert_dim_row(ch, (*row[:3], name, *row[4:], datetime.now(UTC)))
+    on_its_way = make_layout_group(db, ids["project"], "Только что")
+    overdue_missing = make_layout_group(db, ids["project"], "Давно")
+    ten_minutes_ago = "now() - interval '10 minutes'"
+    db.execute(
+        f"UPDATE chessboard.layout_groups SET version = version + 1, updated_at = {ten_minutes_ago}"
+        " WHERE id = %s",
+        (stale,),
+    )
+    db.execute(
+        f"UPDATE chessboard.layout_groups SET updated_at = {ten_minutes_ago} WHERE id = %s",
+        (overdue_missing,),
+    )
+
+    found = versions_behind(settings.pg_dsn, ch, grace_seconds=300)
+    assert found.behind == sorted([stale, on_its_way, overdue_missing], key=str)
+    assert found.overdue == sorted([stale, overdue_missing], key=str)
+
+    monkeypatch.setenv("PIN_CLICKHOUSE_URL", chdb_url)
+    schedule = defs.resolve_schedule_def("dim_layout_group_versions_schedule")
+    job = defs.resolve_job_def(schedule.job_name)
+    with dg.DagsterInstance.ephemeral() as instance:
+        [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
+        assert check.check_name == "dim_layout_group_versions_current" and not check.passed
+        facts: dict[str, Any] = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+        assert (facts["groups_behind"], facts["groups_behind_past_sla"]) == (3, 2)
+        assert sorted(facts["behind_past_sla_ids"]) == sorted([str(stale), str(overdue_missing)])
+
+        # The late events arrive: only the group changed just now is still behind, and passes.
+        for group in (stale, overdue_missing):
+            source = db.execute(
+                "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
+                " FROM chessboard.layout_groups WHERE id = %s",
+                (group,),
+            ).fetchone()
+            assert source is not None
+            insert_dim_row(ch, (*source, datetime.now(UTC)))  # a later UpsertedAt wins argMax
+        [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
+        assert check.passed
+        assert check.metadata["groups_behind"].value == 1
 
 
 def test_a_dimension_row_without_source_group_is_reported_not_deleted(

@@ -38,3 +38,18 @@ def test_dagster_validates_the_workspace(tmp_path):
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_each_load_runs_the_freshness_check_but_not_the_versions_check():
+    """The versions check reads every group from both stores: it has its own 10-minute schedule
+    instead of running with each load (every few seconds)."""
+    from pin_pipelines.definitions import defs
+
+    def checks_of(job: str) -> set[str]:
+        graph = defs.resolve_job_def(job).asset_layer.asset_graph
+        return {key.name for key in graph.asset_check_keys}
+
+    assert checks_of("dim_layout_group_job") == {"dim_layout_group_fresh"}
+    schedule = defs.resolve_schedule_def("dim_layout_group_versions_schedule")
+    assert checks_of(schedule.job_name) == {"dim_layout_group_versions_current"}
+    assert schedule.cron_schedule == "*/10 * * * *"

@@ -1,10 +1,14 @@
-"""The spec's freshness SLA (≤ 5 minutes from event to visibility) as an asset check."""
+"""The asset checks of dim_layout_group: the spec's freshness SLA (≤ 5 minutes from event to
+visibility), seen from the topic and from the source rows."""
 
 import dagster as dg
 
-from pin_pipelines.defs.devstats.assets import dim_layout_group
+from pin_pipelines.clickhouse import open_clickhouse
+from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group
+from pin_pipelines.defs.reconcile.metadata import id_list
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.freshness import FRESHNESS_SLA_SECONDS, unloaded_events
+from pin_pipelines.reconcile import versions_behind
 
 
 @dg.asset_check(
@@ -39,4 +43,51 @@ dim_layout_group_fresh_schedule = dg.ScheduleDefinition(
     cron_schedule="* * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Evaluates the freshness SLA every minute, also while loads fail or stop.",
+)
+
+
+@dg.asset_check(
+    asset=dim_layout_group,
+    pool=CLICKHOUSE_POOL,
+    description=(
+        "Fails when a layout group's row is missing, or its SourceVersion is behind "
+        "chessboard.layout_groups, longer than the 5-minute SLA after the source changed."
+    ),
+)
+def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
+    settings = pin.get()
+    with open_clickhouse(settings.clickhouse_url) as ch:
+        found = versions_behind(settings.pg_dsn, ch, FRESHNESS_SLA_SECONDS)
+    return dg.AssetCheckResult(
+        passed=not found.overdue,
+        description=(
+            f"{len(found.overdue)} group(s) behind the source past the SLA: check the relay and "
+            "the loader runs, then materialize dim_layout_group_drift with repair: true"
+            if found.overdue
+            else None
+        ),
+        metadata={
+            "groups_checked": found.checked,
+            "groups_behind": len(found.behind),
+            "groups_behind_past_sla": len(found.overdue),
+            "behind_past_sla_ids": id_list(found.overdue),
+            "sla_seconds": FRESHNESS_SLA_SECONDS,
+        },
+    )
+
+
+#: It reads every group from PostgreSQL and ClickHouse, so it runs every 10 minutes on its own,
+#: not with each load (every few seconds).
+dim_layout_group_versions_job = dg.define_asset_job(
+    "dim_layout_group_versions_check_job",
+    selection=dg.AssetSelection.checks(dim_layout_group_versions_current),
+    description="Evaluates dim_layout_group_versions_current (scheduled every 10 minutes).",
+)
+
+dim_layout_group_versions_schedule = dg.ScheduleDefinition(
+    name="dim_layout_group_versions_schedule",
+    job=dim_layout_group_versions_job,
+    cron_schedule="*/10 * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Compares the dimension's versions with chessboard.layout_groups every 10 minutes.",
 )

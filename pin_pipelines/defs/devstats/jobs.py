@@ -3,6 +3,7 @@
 import dagster as dg
 
 from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group, load_metadata
+from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.loader import backfill
 
@@ -10,7 +11,9 @@ DEVSTATS_JOB_TAGS = {"pin/job": "devstats_load"}
 
 dim_layout_group_job = dg.define_asset_job(
     "dim_layout_group_job",
-    selection=dg.AssetSelection.assets(dim_layout_group),
+    # With its freshness check; the versions check compares every group and runs on its own.
+    selection=dg.AssetSelection.assets(dim_layout_group).without_checks()
+    | dg.AssetSelection.checks(dim_layout_group_fresh),
     tags=DEVSTATS_JOB_TAGS,
     description="One bounded Kafka → ClickHouse load of dim_layout_group.",
 )

@@ -109,6 +109,15 @@ WHERE r.project_id = ANY(:project_ids::uuid[]);
 SELECT id, project_id, tenant_id, name, sort_order, is_archived, version
 FROM chessboard.layout_groups;
 
+-- name: layout_groups_changed_before(group_ids, seconds)
+-- Of the given groups, those whose current version was written more than `seconds` ago (its
+-- event went to the outbox in that same transaction): a dimension still behind such a group
+-- missed the freshness SLA, it is not merely catching up.
+SELECT id
+FROM chessboard.layout_groups
+WHERE id = ANY(:group_ids::uuid[])
+  AND updated_at < now() - make_interval(secs => :seconds);
+
 -- name: lock_project_for_republish(project_id)$
 -- The drain locks a project's row before its layout groups (recalc.sql lock order); taking the
 -- same lock first makes a re-publish and a drain of one project wait for each other instead of
