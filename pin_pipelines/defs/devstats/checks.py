@@ -28,21 +28,30 @@ def dim_layout_group_fresh(pin: PinSettings) -> dg.AssetCheckResult:
     )
 
 
+def _on_schedule(
+    check: dg.AssetChecksDefinition, name: str, cron: str, description: str
+) -> dg.ScheduleDefinition:
+    """A schedule, running from the start, of a job `<name>_check_job` that evaluates `check`
+    alone (Definitions picks the job up from the schedule)."""
+    return dg.ScheduleDefinition(
+        name=f"{name}_schedule",
+        job=dg.define_asset_job(
+            f"{name}_check_job", selection=dg.AssetSelection.checks(check), description=description
+        ),
+        cron_schedule=cron,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=description,
+    )
+
+
 #: The check also runs on its own, every minute: as a step of the load run it is skipped whenever
 #: the load fails (ClickHouse down) and never runs when no load is launched, which are exactly
 #: the times the SLA is at risk.
-dim_layout_group_fresh_job = dg.define_asset_job(
-    "dim_layout_group_fresh_check_job",
-    selection=dg.AssetSelection.checks(dim_layout_group_fresh),
-    description="Evaluates dim_layout_group_fresh (scheduled every minute).",
-)
-
-dim_layout_group_fresh_schedule = dg.ScheduleDefinition(
-    name="dim_layout_group_fresh_schedule",
-    job=dim_layout_group_fresh_job,
-    cron_schedule="* * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Evaluates the freshness SLA every minute, also while loads fail or stop.",
+dim_layout_group_fresh_schedule = _on_schedule(
+    dim_layout_group_fresh,
+    "dim_layout_group_fresh",
+    "* * * * *",
+    "Evaluates the freshness SLA every minute, also while loads fail or stop.",
 )
 
 
@@ -78,16 +87,9 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
 
 #: It reads every group from PostgreSQL and ClickHouse, so it runs every 10 minutes on its own,
 #: not with each load (every few seconds).
-dim_layout_group_versions_job = dg.define_asset_job(
-    "dim_layout_group_versions_check_job",
-    selection=dg.AssetSelection.checks(dim_layout_group_versions_current),
-    description="Evaluates dim_layout_group_versions_current (scheduled every 10 minutes).",
-)
-
-dim_layout_group_versions_schedule = dg.ScheduleDefinition(
-    name="dim_layout_group_versions_schedule",
-    job=dim_layout_group_versions_job,
-    cron_schedule="*/10 * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Compares the dimension's versions with chessboard.layout_groups every 10 minutes.",
+dim_layout_group_versions_schedule = _on_schedule(
+    dim_layout_group_versions_current,
+    "dim_layout_group_versions",
+    "*/10 * * * *",
+    "Compares the dimension's versions with chessboard.layout_groups every 10 minutes.",
 )
