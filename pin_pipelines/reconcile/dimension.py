@@ -124,37 +124,46 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
     return compare(source, dim)
 
 
-#: Drift kinds where the dimension has not caught up with PostgreSQL yet.
-BEHIND = ("missing", "stale_version")
-
-
 @dataclass(frozen=True)
 class VersionsBehind:
-    """Groups the dimension is behind on: no row, or a lower SourceVersion than the source."""
+    """Where the dimension has not caught up with chessboard.layout_groups."""
 
     checked: int
-    behind: list[UUID]
-    #: Of those, the groups whose version was written longer ago than the grace: events that
+    #: Rows with a lower SourceVersion than the source's version.
+    stale: list[UUID]
+    #: Groups without a row. Not necessarily late: the drain publishes a group only when its
+    #: counters change, so a group without layouts was never published.
+    missing: list[UUID]
+    #: Of both, the groups whose version was written longer ago than the grace: events that
     #: should have been visible by now.
-    overdue: list[UUID]
+    overdue: set[UUID]
+
+    @property
+    def stale_overdue(self) -> list[UUID]:
+        return [g for g in self.stale if g in self.overdue]
+
+    @property
+    def missing_overdue(self) -> list[UUID]:
+        return [g for g in self.missing if g in self.overdue]
 
 
 def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> VersionsBehind:
     """The dimension's health as its asset check sees it. A group changed within the grace is
-    normally on its way (outbox → Kafka → loader) and only counted; the drift asset reports
-    every other kind of difference."""
+    normally on its way (outbox → Kafka → loader); the drift asset reports every other kind of
+    difference."""
     drift = dim_layout_group_drift(pg_dsn, ch)
-    behind = sorted((g for g, kind in drift.kinds.items() if kind in BEHIND), key=str)
-    overdue: list[UUID] = []
-    if behind:
+    stale = sorted((g for g, kind in drift.kinds.items() if kind == "stale_version"), key=str)
+    missing = sorted((g for g, kind in drift.kinds.items() if kind == "missing"), key=str)
+    overdue: set[UUID] = set()
+    if stale or missing:
         with connection(pg_dsn) as conn:
-            overdue = [
+            overdue = {
                 row[0]
                 for row in Q.layout_groups_changed_before(
-                    conn, group_ids=behind, seconds=grace_seconds
+                    conn, group_ids=stale + missing, seconds=grace_seconds
                 )
-            ]
-    return VersionsBehind(drift.checked, behind, sorted(overdue, key=str))
+            }
+    return VersionsBehind(drift.checked, stale, missing, overdue)
 
 
 def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:

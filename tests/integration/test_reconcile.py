@@ -405,17 +405,18 @@ def test_each_kind_of_dimension_drift_is_found_and_heals_through_the_pipeline(
     assert summary["dim_drift_by_kind"] == dict.fromkeys(summary["dim_drift_by_kind"], 0)
 
 
-def test_versions_check_fails_only_for_groups_behind_past_the_sla(
+def test_versions_check_fails_only_for_rows_behind_past_the_sla(
     db: psycopg.Connection,
     settings: Settings,
     ch: ClickHouse,
     chdb_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """dim_layout_group_versions_current, run as its schedule runs it: a group whose row is
-    missing or has an older SourceVersion fails the check once its source changed more than the
-    5-minute SLA ago. One changed just now is on its way (counted, not failed); a row at the
-    source's version with another name is the drift asset's business, not this check's."""
+    """dim_layout_group_versions_current, run as its schedule runs it: a row with an older
+    SourceVersion fails the check once its group changed more than the 5-minute SLA ago. A group
+    changed just now is on its way; a group without a row is counted, not failed (a group without
+    layouts is never published); a row at the source's version with another name is the drift
+    asset's business."""
     ids = small_project(db)
     in_sync, stale, renamed = ids["studios"], ids["lux"], make_layout_group(db, ids["project"])
     for row in db.execute(
@@ -425,8 +426,8 @@ def test_versions_check_fails_only_for_groups_behind_past_the_sla(
     ):
         name = "Old name" if row[0] == renamed else row[3]
         insert_dim_row(ch, (*row[:3], name, *row[4:], datetime.now(UTC)))
-    on_its_way = make_layout_group(db, ids["project"], "Только что")
-    overdue_missing = make_layout_group(db, ids["project"], "Давно")
+    missing_new = make_layout_group(db, ids["project"], "Только что")
+    missing_old = make_layout_group(db, ids["project"], "Давно")
     ten_minutes_ago = "now() - interval '10 minutes'"
     db.execute(
         f"UPDATE chessboard.layout_groups SET version = version + 1, updated_at = {ten_minutes_ago}"
@@ -435,12 +436,13 @@ def test_versions_check_fails_only_for_groups_behind_past_the_sla(
     )
     db.execute(
         f"UPDATE chessboard.layout_groups SET updated_at = {ten_minutes_ago} WHERE id = %s",
-        (overdue_missing,),
+        (missing_old,),
     )
 
     found = versions_behind(settings.pg_dsn, ch, grace_seconds=300)
-    assert found.behind == sorted([stale, on_its_way, overdue_missing], key=str)
-    assert found.overdue == sorted([stale, overdue_missing], key=str)
+    assert (found.stale, found.stale_overdue) == ([stale], [stale])
+    assert found.missing == sorted([missing_new, missing_old], key=str)
+    assert found.missing_overdue == [missing_old]
 
     monkeypatch.setenv("PIN_CLICKHOUSE_URL", chdb_url)
     schedule = defs.resolve_schedule_def("dim_layout_group_versions_schedule")
@@ -449,21 +451,22 @@ def test_versions_check_fails_only_for_groups_behind_past_the_sla(
         [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
         assert check.check_name == "dim_layout_group_versions_current" and not check.passed
         facts: dict[str, Any] = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
-        assert (facts["groups_behind"], facts["groups_behind_past_sla"]) == (3, 2)
-        assert sorted(facts["behind_past_sla_ids"]) == sorted([str(stale), str(overdue_missing)])
+        assert (facts["rows_behind"], facts["rows_behind_past_sla"]) == (1, 1)
+        assert facts["behind_past_sla_ids"] == [str(stale)]
+        assert (facts["groups_missing"], facts["groups_missing_past_sla"]) == (2, 1)
 
-        # The late events arrive: only the group changed just now is still behind, and passes.
-        for group in (stale, overdue_missing):
-            source = db.execute(
-                "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
-                " FROM chessboard.layout_groups WHERE id = %s",
-                (group,),
-            ).fetchone()
-            assert source is not None
-            insert_dim_row(ch, (*source, datetime.now(UTC)))  # a later UpsertedAt wins argMax
+        # The late event arrives: the check passes, the groups without a row are still counted.
+        source = db.execute(
+            "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
+            " FROM chessboard.layout_groups WHERE id = %s",
+            (stale,),
+        ).fetchone()
+        assert source is not None
+        insert_dim_row(ch, (*source, datetime.now(UTC)))  # a later UpsertedAt wins argMax
         [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
         assert check.passed
-        assert check.metadata["groups_behind"].value == 1
+        assert check.metadata["rows_behind"].value == 0
+        assert check.metadata["groups_missing_past_sla"].value == 1
 
 
 def test_a_dimension_row_without_source_group_is_reported_not_deleted(
