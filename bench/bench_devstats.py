@@ -145,6 +145,11 @@ def settle(ch: ClickHouse, timeout: float = 60.0) -> None:
     os.sync()
 
 
+def merged_rows(ch: ClickHouse) -> int:
+    found = ch.rows("SELECT value FROM system.events WHERE event = 'MergedRows'")
+    return int(found[0][0]) if found else 0
+
+
 @contextmanager
 def server_url(folder: Path) -> Iterator[str]:
     """PIN_BENCH_CLICKHOUSE_SERVER_URL, else a Debian server of this run alone (a free port, a
@@ -198,18 +203,22 @@ def ingest(ch: ClickHouse, settings: Settings, kind: str, events: int, groups: i
             ch.command(f"INSERT INTO {plain} SELECT * FROM {TABLE}")
             settle(ch)
             with recorded_batches() as batches:
+                merged_before = merged_rows(ch)
                 started = time.perf_counter()
                 summary = load_once(settings, options)
                 loader_seconds = time.perf_counter() - started
+                loader_merged = merged_rows(ch) - merged_before
             assert summary.complete and summary.consumed == events, summary.as_dict()
             assert sum(map(len, batches)) == summary.inserted
             rows = [[event.row() for event in batch] for batch in batches]
 
             settle(ch)
+            merged_before = merged_rows(ch)
             started = time.perf_counter()
             for batch_rows in rows:
                 ch.insert(plain, COLUMNS, batch_rows)
             plain_seconds = time.perf_counter() - started
+            plain_merged = merged_rows(ch) - merged_before
         finally:
             ch.command(f"DROP TABLE IF EXISTS {plain}")
 
@@ -225,6 +234,10 @@ def ingest(ch: ClickHouse, settings: Settings, kind: str, events: int, groups: i
             "loader_events_per_s": round(loader_rate),
             "plain_insert_events_per_s": round(plain_rate),
             "ratio": round(loader_rate / plain_rate, 3),
+            # Rows the engine's background merges processed while each phase ran: the 2 cores
+            # they take are what makes single trials differ most.
+            "loader_phase_merged_rows": loader_merged,
+            "plain_phase_merged_rows": plain_merged,
         }
 
 

@@ -52,6 +52,23 @@ class ClickHouse(ABC):
         """Insert rows in one block; a retry with the same `dedup_token` is not stored twice
         (where the engine supports it and the table enables non-replicated deduplication)."""
 
+    def send_insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        dedup_token: str | None = None,
+    ) -> None:
+        """`insert`, returning once the rows are sent: the caller works on while the server
+        stores them, and `confirm_insert` (or the next statement) waits for its answer. An engine
+        without a round trip to wait on inserts here and now."""
+        self.insert(table, columns, rows, dedup_token)
+
+    def confirm_insert(self) -> None:
+        """Wait until the rows of `send_insert` are stored, raising the insert's error; nothing
+        to do when no insert is pending."""
+        return  # this default's send_insert inserted synchronously
+
     @property
     def deduplicates_inserts(self) -> bool:
         """Whether `insert` honours `dedup_token`; callers skip computing one where it does not."""

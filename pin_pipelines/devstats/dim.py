@@ -43,9 +43,10 @@ def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[int, int]:
 
 
 def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
-    """One insert for the whole batch. The dedup token hashes the (group, version) pairs, which
-    identify the rows, so a retry of the same batch is recognised where inserts are deduplicated
-    (and is not computed where they are not)."""
+    """One insert for the whole batch, sent: stored once `ch.confirm_insert()` (or the client's
+    next statement) returns. The dedup token hashes the (group, version) pairs, which identify
+    the rows, so a retry of the same batch is recognised where inserts are deduplicated (and is
+    not computed where they are not)."""
     batch = list(events)
     token = None
     if ch.deduplicates_inserts:
@@ -53,7 +54,7 @@ def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
         for event in batch:
             digest.update(event.id.bytes + event.version.to_bytes(8, "big"))
         token = digest.hexdigest()
-    ch.insert(TABLE, COLUMNS, [event.row() for event in batch], dedup_token=token)
+    ch.send_insert(TABLE, COLUMNS, [event.row() for event in batch], dedup_token=token)
     return len(batch)
 
 

@@ -6,6 +6,10 @@ messages are set aside for the DLQ, duplicates of a group reduced to the highest
 versions of the batch's groups read in one query, the newer events inserted in one insert, the bad
 messages produced to the DLQ, and only then the batch's offsets committed. A crash anywhere before
 the commit replays the batch, and the version guard makes the replay a no-op for what was applied.
+
+The insert is sent, and its answer awaited only after the next batch is consumed and decoded: the
+server stores one batch while this process decodes the next. Nothing else changes order: a batch's
+insert is confirmed before the next guard query, its DLQ messages and its offsets.
 """
 
 from __future__ import annotations
@@ -13,10 +17,9 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -39,8 +42,6 @@ log = logging.getLogger("pin_pipelines.devstats")
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,30 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
         yield consumer
 
 
+@dataclass
+class _Batch:
+    """A consumed batch, decoded; its insert may still be on its way (_Cycle.in_flight)."""
+
+    newest: dict[int, LayoutGroupUpserted]  # see newest_per_group
+    bad: list[tuple[Message, str]]  # unreadable messages and why, for the DLQ
+    ends: dict[int, int]  # partition → offset after the batch's last message
+    size: int  # messages
+    decoded: int  # readable events, superseded ones included
+    started: float = field(default_factory=time.monotonic)
+    fresh: list[LayoutGroupUpserted] = field(default_factory=list)  # newer than stored: inserted
+
+
+def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
+    events: list[LayoutGroupUpserted] = []
+    bad: list[tuple[Message, str]] = []
+    for msg in messages:
+        try:
+            events.append(parse_event(msg.value()))
+        except BadEvent as exc:
+            bad.append((msg, str(exc)))
+    return _Batch(newest_per_group(events), bad, ends, len(messages), len(events))
+
+
 class _Cycle:
     def __init__(
         self,
@@ -159,6 +184,8 @@ class _Cycle:
         #: as the insert. This cycle is the dimension's only writer (one load at a time); a stale
         #: entry would only cost a redundant row that argMax ignores.
         self.known_versions: dict[int, int] = {}
+        #: The batch whose insert was sent and not confirmed yet.
+        self.in_flight: _Batch | None = None
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
@@ -229,11 +256,11 @@ class _Cycle:
             full = len(batch) >= self.options.batch_size
             due = time.monotonic() - batch_started >= self.options.batch_seconds
             if batch and (full or due or not pending):
-                self._apply(batch, batch_ends)
-                self._commit_applied(asynchronous=True)
+                self._next(_decode(batch, batch_ends))
                 batch, batch_ends = [], {}
         if batch:
-            self._apply(batch, batch_ends)
+            self._next(_decode(batch, batch_ends))
+        self._settle_in_flight()
 
     def _commit_applied(self, *, asynchronous: bool) -> None:
         """Commit what is stored: asynchronously after each batch (a lost commit only replays
@@ -244,56 +271,80 @@ class _Cycle:
         elif offsets:
             _commit(self.consumer, offsets)
 
-    def _apply(self, batch: Sequence[Message], ends: dict[int, int]) -> None:
-        events: list[LayoutGroupUpserted] = []
-        bad: list[tuple[Message, str]] = []
-        for msg in batch:
-            try:
-                events.append(parse_event(msg.value()))
-            except BadEvent as exc:
-                bad.append((msg, str(exc)))
-        inserted = self._retrying(lambda: self._write(events)) if events else 0
-        self._dead_letter(bad)
-        self.applied.update(ends)
-        self.summary.batches += 1
-        self.summary.consumed += len(batch)
-        self.summary.inserted += inserted
-        self.summary.skipped_stale += len(events) - inserted
-        self.summary.dead_lettered += len(bad)
+    def _next(self, batch: _Batch) -> None:
+        """Confirm the batch in flight (the server stored it while this one was decoded), then
+        send this one's insert."""
+        self._settle_in_flight()
+        try:
+            self._write(batch)
+        except ClickHouseUnavailable as exc:
+            self._retrying(batch, exc)
+            self._finish(batch)
+        else:
+            self.in_flight = batch
 
-    def _write(self, events: Sequence[LayoutGroupUpserted]) -> int:
-        """Guard and insert together, so a retry re-reads the stored versions: an insert that landed
-        before its acknowledgement was lost is then skipped, not stored twice."""
-        newest = newest_per_group(events)
+    def _settle_in_flight(self) -> None:
+        batch, self.in_flight = self.in_flight, None
+        if batch is None:
+            return
+        try:
+            self.ch.confirm_insert()
+        except ClickHouseUnavailable as exc:
+            self._retrying(batch, exc)
+        else:
+            self._remember(batch)
+        self._finish(batch)
+
+    def _write(self, batch: _Batch) -> None:
+        """Guard and send the insert (the first attempt). The stored versions are read again on
+        every attempt: an insert that landed before its answer was lost is then skipped, not
+        stored twice."""
         known = self.known_versions
-        unseen = [e.id for key, e in newest.items() if key not in known]
+        unseen = [e.id for key, e in batch.newest.items() if key not in known]
         if unseen:
             known.update(stored_versions(self.ch, unseen))
-        fresh = [e for key, e in newest.items() if e.version > known.get(key, -1)]
-        try:
-            inserted = insert_events(self.ch, fresh) if fresh else 0
-        except ClickHouseUnavailable:
-            for key in newest:  # the insert may have landed: a retry must read, not trust memory
-                known.pop(key, None)
-            raise
-        known.update((e.id.int, e.version) for e in fresh)
-        return inserted
+        batch.fresh = [e for key, e in batch.newest.items() if e.version > known.get(key, -1)]
+        if batch.fresh:
+            insert_events(self.ch, batch.fresh)
 
-    def _retrying(self, action: Callable[[], T]) -> T:
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
+    def _remember(self, batch: _Batch) -> None:
+        self.known_versions.update((e.id.int, e.version) for e in batch.fresh)
+
+    def _finish(self, batch: _Batch) -> None:
+        """The batch is stored: its unreadable messages go to the DLQ, then its offsets become
+        committable."""
+        self._dead_letter(batch.bad)
+        self.applied.update(batch.ends)
+        self._commit_applied(asynchronous=True)
+        self.summary.batches += 1
+        self.summary.consumed += batch.size
+        self.summary.inserted += len(batch.fresh)
+        self.summary.skipped_stale += batch.decoded - len(batch.fresh)
+        self.summary.dead_lettered += len(batch.bad)
+
+    def _retrying(self, batch: _Batch, failed: ClickHouseUnavailable) -> None:
+        """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting
+        0.5 s, 1 s, 2 s, … before each; each waits for the server's answer."""
+        attempts = 1
+        while attempts < self.options.attempts:
+            # The failed insert may have landed or not: the guard must read, not trust memory.
+            for key in batch.newest:
+                self.known_versions.pop(key, None)
+            time.sleep(self.options.backoff_seconds * 2 ** (attempts - 1))
+            attempts += 1
             try:
-                return action()
+                self._write(batch)
+                self.ch.confirm_insert()
             except ClickHouseUnavailable as exc:
-                if attempt >= self.options.attempts:
-                    raise ClickHouseUnavailable(
-                        f"{exc} (gave up after {attempt} attempts in "
-                        f"{time.monotonic() - started:.1f}s; this batch's offsets are not "
-                        "committed, the next run replays it)"
-                    ) from exc
-                time.sleep(self.options.backoff_seconds * 2 ** (attempt - 1))
+                failed = exc
+            else:
+                self._remember(batch)
+                return
+        raise ClickHouseUnavailable(
+            f"{failed} (gave up after {attempts} attempts in "
+            f"{time.monotonic() - batch.started:.1f}s; this batch's offsets are not "
+            "committed, the next run replays it)"
+        ) from failed
 
     def _dead_letter(self, bad: Sequence[tuple[Message, str]]) -> None:
         """Produce the unreadable messages as they came, with why and where from; wait for them."""

@@ -29,9 +29,9 @@ from tests.support.devstats import Group, committed, produce_events
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: One load cycle in batches of 50 whose insert_events, on the N-th call, stops dead just before or
-#: just after storing its batch (a marker file tells the test when it hangs there); either way the
-#: batch's offsets are not committed yet.
+#: One load cycle in batches of 50 whose insert_events, on the N-th call, stops dead just before
+#: sending its batch or just after the server confirmed storing it (a marker file tells the test
+#: when it hangs there); either way the batch's offsets are not committed yet.
 KILLED_LOAD = """
 import sys, time
 from pathlib import Path
@@ -55,6 +55,7 @@ def insert_with_a_stop(ch, events):
         hang(0)
     stored = real_insert(ch, events)
     if len(calls) == stop_at:
+        ch.confirm_insert()
         hang(stored)
     return stored
 

@@ -6,6 +6,7 @@ import json
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -16,12 +17,15 @@ from pin_pipelines.clickhouse import (
     migrate_clickhouse,
     open_clickhouse,
 )
+from pin_pipelines.clickhouse.server import ServerClickHouse
 from pin_pipelines.config import Settings
+from pin_pipelines.devstats import loader
 from pin_pipelines.devstats.dim import groups, insert_events, labels
 from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from tests.integration.clickhouse_fixtures import server_url, settings_for
+from tests.support.answer_cutter import AnswerCutter
 from tests.support.devstats import (
     Group,
     committed,
@@ -266,6 +270,56 @@ def test_clickhouse_down_mid_run_commits_nothing_then_recovers(
     with open_clickhouse(url) as ch:  # each event applied once: no duplicate physical rows
         assert physical_rows(ch, first.id) == [(1, "Студии v1"), (2, "Студии v2")]
         assert physical_rows(ch, second.id) == [(2, "Студии v2")]
+
+
+def test_a_lost_answer_to_a_sent_insert_is_retried_and_applied_once(
+    private_clickhouse_server: LocalClickHouseServer,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first batch's insert reaches the server, which stores it, but the answer is lost: a
+    relay in front of the server drops it and closes the connection. The retry reads the stored
+    versions again, so that batch is skipped, not stored twice, and every offset is committed."""
+    with open_clickhouse(server_url(private_clickhouse_server)) as ch:
+        migrate_clickhouse(ch)
+    cutter = AnswerCutter(private_clickhouse_server.address.port)
+    url = f"clickhouse://default@127.0.0.1:{cutter.port}/pin_dev_stats"
+    history = [Group() for _ in range(30)]
+    produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in history])
+
+    real_insert, cuts = loader.insert_events, []
+
+    def insert_then_lose_the_answer(ch: ClickHouse, events: Any) -> int:
+        sent = real_insert(ch, events)
+        if not cuts:
+            cuts.append(sent)
+            cutter.lose_answers(after_seconds=0.3)
+        return sent
+
+    real_confirm, lost = ServerClickHouse.confirm_insert, []
+
+    def confirm_noting_its_error(ch: ServerClickHouse) -> None:
+        try:
+            real_confirm(ch)
+        except ClickHouseUnavailable as exc:
+            lost.append(str(exc))
+            raise
+
+    monkeypatch.setattr(loader, "insert_events", insert_then_lose_the_answer)
+    monkeypatch.setattr(ServerClickHouse, "confirm_insert", confirm_noting_its_error)
+    try:
+        summary = load_once(
+            settings_for(url, kafka_bootstrap, tmp_path), replace(loader_options, batch_size=10)
+        )
+    finally:
+        cutter.close()
+    assert cuts == [10] and len(lost) == 1 and "unreachable" in lost[0], lost
+    assert (summary.consumed, summary.inserted, summary.skipped_stale) == (30, 20, 10)
+    assert summary.complete and set(summary.lag.values()) == {0}
+    with open_clickhouse(server_url(private_clickhouse_server)) as ch:
+        assert [physical_rows(ch, g.id) for g in history] == [[(1, "Студии v1")]] * 30
 
 
 def test_backfill_is_idempotent(
