@@ -41,7 +41,6 @@ class ClickHouse(ABC):
     def rows(self, sql: str, params: Mapping[str, Param] | None = None) -> list[Row]:
         """Run a query; `%(name)s` placeholders take escaped literals of `params`."""
 
-    @abstractmethod
     def insert(
         self,
         table: str,
@@ -49,9 +48,13 @@ class ClickHouse(ABC):
         rows: Sequence[Sequence[Any]],
         dedup_token: str | None = None,
     ) -> None:
-        """Insert rows in one block; a retry with the same `dedup_token` is not stored twice
-        (where the engine supports it and the table enables non-replicated deduplication)."""
+        """Insert rows in one block and wait until they are stored; a retry with the same
+        `dedup_token` is not stored twice (where the engine supports it and the table enables
+        non-replicated deduplication)."""
+        self.send_insert(table, columns, rows, dedup_token)
+        self.confirm_insert()
 
+    @abstractmethod
     def send_insert(
         self,
         table: str,
@@ -61,13 +64,12 @@ class ClickHouse(ABC):
     ) -> None:
         """`insert`, returning once the rows are sent: the caller works on while the server
         stores them, and `confirm_insert` (or the next statement) waits for its answer. An engine
-        without a round trip to wait on inserts here and now."""
-        self.insert(table, columns, rows, dedup_token)
+        without a round trip to wait on stores them here and now."""
 
     def confirm_insert(self) -> None:
         """Wait until the rows of `send_insert` are stored, raising the insert's error; nothing
         to do when no insert is pending."""
-        return  # this default's send_insert inserted synchronously
+        return  # engines whose send_insert stores synchronously
 
     @property
     def deduplicates_inserts(self) -> bool:

@@ -50,15 +50,16 @@ class EmbeddedClickHouse(ClickHouse):
             for row in result["data"]
         ]
 
-    def insert(
+    def send_insert(
         self,
         table: str,
         columns: Sequence[str],
         rows: Sequence[Sequence[Any]],
         dedup_token: str | None = None,
     ) -> None:
-        """chdb has no insert API: the rows go inline as one JSON array of objects (JSONEachRow
-        accepts it), which needs no SQL escaping and is encoded in one C-speed `json.dumps`.
+        """Stores the rows before it returns (chdb runs in this process). chdb has no insert
+        API: the rows go inline as one JSON array of objects (JSONEachRow accepts it), which
+        needs no SQL escaping and is encoded in one C-speed `json.dumps`.
 
         Times are sent as ISO-8601 with their offset and parsed best-effort, so the stored instant
         does not depend on the process's time zone.

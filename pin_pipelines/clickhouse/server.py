@@ -62,16 +62,6 @@ class ServerClickHouse(ClickHouse):
         sql = render(sql, plain, verbatim={name: f"_{name}" for name in sets})
         return [tuple(row) for row in self._execute(sql, tables or None)]
 
-    def insert(
-        self,
-        table: str,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-        dedup_token: str | None = None,
-    ) -> None:
-        self.send_insert(table, columns, rows, dedup_token)
-        self.confirm_insert()
-
     def send_insert(
         self,
         table: str,
