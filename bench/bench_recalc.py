@@ -115,10 +115,18 @@ def pgbench_script() -> str:
         lines = [ln for ln in blocks[name].splitlines() if not ln.lstrip().startswith("--")]
         return "\n".join(lines).strip()
 
-    claim = body("claim_due_request").rstrip(";") + " \\gset"
+    # The claim commits on its own (drain.py), then the work transaction locks the row again.
+    claim = [
+        "BEGIN;",
+        body("relax_commit_durability"),
+        body("claim_due_request").rstrip(";") + " \\gset",
+        "COMMIT;",
+        "BEGIN;",
+    ]
     steps = [
         body(n)
         for n in (
+            "lock_claimed_request",
             "lock_project",
             "recalc_buildings",
             "recalc_layouts",
@@ -127,7 +135,7 @@ def pgbench_script() -> str:
             "delete_request",
         )
     ]
-    return "\n".join(["BEGIN;", claim, *steps, "COMMIT;"]) + "\n"
+    return "\n".join([*claim, *steps, "COMMIT;"]) + "\n"
 
 
 def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:

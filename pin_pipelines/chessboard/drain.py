@@ -7,10 +7,13 @@ All SQL is in `sql/postgres/queries/recalc.sql`; this module only sequences it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
@@ -20,10 +23,11 @@ from psycopg import errors as pg_errors
 from pin_pipelines.db import connection, queries
 from pin_pipelines.logs import log_event
 from pin_pipelines.metrics.recording import record_outcome, record_tick
+from pin_pipelines.tracing import current_traceparent, tracer
 
 log = logging.getLogger("pin_pipelines.recalc")
 
-Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred"]
+Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "interrupted"]
 
 #: One project is a handful of indexed aggregates (spec: p99 < 2 s); a statement running far
 #: longer is stuck, and must not hold the tick (spec: tick < 30 s).
@@ -35,6 +39,10 @@ STATEMENT_TIMEOUT = "10s"
 #: raiser), the drain gives up first, so PostgreSQL's deadlock detector never aborts the API's
 #: edit (spec: sales, statuses and prices are never blocked by the recalc).
 LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT = 0.5
+#: After a stop (SIGTERM, a run's budget spent), the project in hand gets this long to finish
+#: before its statement is cancelled: it then rolls back whole and its attempt is given back, so a
+#: deploy never waits out a stuck project nor counts it towards poison.
+STOP_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,7 @@ class TickSummary:
             "failed": self.count("failed"),
             "skipped_archived": self.count("skipped_archived"),
             "deferred": self.count("deferred"),
+            "interrupted": self.count("interrupted"),
             "poisoned": self.poisoned,
             "republished": republished,
             "coalesced_events": sum(
@@ -103,14 +112,21 @@ def drain_tick(
     batch_size: int | None = None,
     should_stop: Callable[[], bool] = _never,
     correlation_id: str | None = None,
+    stop_grace_seconds: float = STOP_GRACE_SECONDS,
 ) -> TickSummary:
     """One worker tick. `should_stop` is checked between projects (graceful cancellation: the
-    project in hand commits or rolls back whole, the rest stays queued). `correlation_id` tags
-    every log line of the tick (a Dagster run passes its run id and tick number)."""
+    project in hand commits or rolls back whole, the rest stays queued); a project still running
+    `stop_grace_seconds` after the stop is cancelled. `correlation_id` tags every log line of the
+    tick (a Dagster run passes its run id and tick number)."""
     q = queries("recalc")
     started = time.perf_counter()
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
-    with connection(dsn) as conn:
+    with (
+        tracer().start_as_current_span(
+            "recalc.tick", attributes={"correlation_id": summary.correlation_id}
+        ),
+        connection(dsn) as conn,
+    ):
         conn.autocommit = True  # each project opens its own transaction below
         if batch_size is None:
             row = conn.execute("SELECT batch_size FROM chessboard.recalc_settings").fetchone()
@@ -123,15 +139,21 @@ def drain_tick(
             size=min(summary.due_at_start, batch_size),
             due=summary.due_at_start,
         )
-        for _ in range(batch_size):
-            if should_stop():
-                summary.stopped_early = True
-                break
-            attempted = [r.project_id for r in summary.results]
-            result = _process_next(conn, summary.correlation_id, attempted)
-            if result is None:
-                break
-            summary.results.append(result)
+        with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as attempt_running:
+            for _ in range(batch_size):
+                if should_stop():
+                    summary.stopped_early = True
+                    break
+                attempted = [r.project_id for r in summary.results]
+                result = _process_next(
+                    conn, summary.correlation_id, attempted, should_stop, attempt_running
+                )
+                if result is None:
+                    break
+                summary.results.append(result)
+                if result.outcome == "interrupted":
+                    summary.stopped_early = True
+                    break
         summary.poisoned = int(q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
     totals = summary.as_dict()
@@ -164,60 +186,113 @@ def drain_tick(
     return summary
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """A claimed queue row (claim_due_request), with what release_claim needs to give it back."""
+
+    project_id: UUID
+    tenant_id: UUID
+    last_reason: str
+    requested_count: int
+    attempt_count: int
+    waited_seconds: float
+    attempted_at: datetime
+    previous_attempted_at: datetime | None
+    previous_last_error: str | None
+
+    def release_params(self) -> dict[str, Any]:
+        return {
+            "project_id": self.project_id,
+            "attempted_at": self.attempted_at,
+            "previous_attempted_at": self.previous_attempted_at,
+            "previous_last_error": self.previous_last_error,
+        }
+
+
+@contextmanager
+def _cancelled_after_stop(
+    conn: psycopg.Connection, should_stop: Callable[[], bool], grace: float
+) -> Iterator[threading.Event]:
+    """Watches `should_stop` while the tick runs: once it holds for `grace` seconds and a
+    project's attempt is still running (the yielded event is set), that attempt's statement is
+    cancelled. Nothing is cancelled between attempts, where the stop is simply obeyed."""
+    attempt_running = threading.Event()
+    if should_stop is _never:
+        yield attempt_running
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if should_stop():
+                if not done.wait(grace) and attempt_running.is_set():
+                    conn.cancel_safe()
+                return
+
+    watcher = threading.Thread(target=watch, name="drain-stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield attempt_running
+    finally:
+        done.set()
+        watcher.join()
+
+
 def _process_next(
-    conn: psycopg.Connection, correlation_id: str, attempted: list[UUID]
+    conn: psycopg.Connection,
+    correlation_id: str,
+    attempted: list[UUID],
+    should_stop: Callable[[], bool],
+    attempt_running: threading.Event,
 ) -> ProjectResult | None:
     q = queries("recalc")
+    # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
+    # The claim commits on its own, before the work: a drain that dies inside the project (OOM
+    # kill, a terminated connection) has still counted the attempt. Its durability is relaxed:
+    # only a server crash within a fraction of a second could forget it (and the work
+    # transaction's commit flushes it anyway).
     with conn.transaction():
-        q.limit_waits(
-            conn,
-            statement_timeout=STATEMENT_TIMEOUT,
-            lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
-        )
-        # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
-        claim = q.claim_due_request(conn, attempted=attempted)
-        if claim is None:
-            return None
-        project_id, tenant_id, last_reason, requested_count, attempt_count, waited = claim
-        context = {
+        q.relax_commit_durability(conn)
+        row = q.claim_due_request(conn, attempted=attempted)
+    if row is None:
+        return None
+    claim = _Claim(*row)
+    context: dict[str, Any] = {
+        "correlation_id": correlation_id,
+        "project_id": str(claim.project_id),
+        "tenant_id": str(claim.tenant_id),
+        "last_reason": claim.last_reason,
+    }
+    started = time.perf_counter()
+    attempt_running.set()
+    span = tracer().start_as_current_span(
+        "recalc.project",
+        attributes={
+            "project_id": context["project_id"],
+            "tenant_id": context["tenant_id"],
+            "last_reason": claim.last_reason,
             "correlation_id": correlation_id,
-            "project_id": str(project_id),
-            "tenant_id": str(tenant_id),
-            "last_reason": last_reason,
-        }
-        started = time.perf_counter()
-        try:
-            # A savepoint: a failure rolls back the project's work but keeps the row locked, so
-            # recording the failed attempt cannot race another drain that would claim the row.
-            with conn.transaction():
-                result = _recalc_project(conn, project_id, started, requested_count)
-        except pg_errors.LockNotAvailable:
-            result = ProjectResult(project_id, "deferred", time.perf_counter() - started)
-            log_event(log, "project_recalc_deferred", **context, reason="row lock held elsewhere")
-            record_outcome(conn, result)
-            return result
-        except Exception as exc:
-            if conn.closed or conn.broken:
-                raise
-            error = f"{type(exc).__name__}: {exc}".strip()
-            q.record_failure(conn, project_id=project_id, error=error)
-            result = ProjectResult(
-                project_id, "failed", time.perf_counter() - started, error=error[:1024]
-            )
-            record_outcome(conn, result)  # counters commit with the failed attempt
-            log_event(
-                log,
-                "project_recalc_failed",
-                level=logging.WARNING,
-                **context,
-                attempt_count=attempt_count + 1,
-                error=error[:1024],
-            )
-            return result
-        record_outcome(conn, result)  # counters commit with the recalc (or the archived skip)
+            "attempt_count": claim.attempt_count,
+        },
+    )
+    try:
+        with span:
+            result = _attempt(conn, claim, started, should_stop)
+    except pg_errors.QueryCanceled:
+        if not should_stop():
+            raise
+        _give_back(conn, claim)
+        result = ProjectResult(claim.project_id, "interrupted", time.perf_counter() - started)
+    except BaseException:
+        # Interrupted some other way (KeyboardInterrupt, a Dagster run terminated from the UI):
+        # the work rolled back, so the attempt is given back before the interruption goes on.
+        _give_back(conn, claim)
+        raise
+    finally:
+        attempt_running.clear()
     if result.outcome == "skipped_archived":
         log_event(log, "project_skipped_archived", **context)
-    else:
+    elif result.outcome == "recalculated":
         log_event(
             log,
             "project_recalculated",
@@ -225,15 +300,83 @@ def _process_next(
             duration_seconds=round(result.duration_seconds, 6),
             republished=result.republished,
             buildings_updated=result.buildings_updated,
-            requested_count=requested_count,
-            waited_seconds=round(waited, 3),
+            requested_count=claim.requested_count,
+            waited_seconds=round(claim.waited_seconds, 3),
         )
+    elif result.outcome == "failed":
+        log_event(
+            log,
+            "project_recalc_failed",
+            level=logging.WARNING,
+            **context,
+            attempt_count=claim.attempt_count,
+            error=result.error,
+        )
+    elif result.outcome == "deferred":
+        log_event(log, "project_recalc_deferred", **context, reason="row lock held elsewhere")
+    else:
+        log_event(log, "project_recalc_interrupted", **context, reason="the drain is stopping")
     return result
 
 
-def _recalc_project(
-    conn: psycopg.Connection, project_id: UUID, started: float, requested_count: int
+def _attempt(
+    conn: psycopg.Connection, claim: _Claim, started: float, should_stop: Callable[[], bool]
 ) -> ProjectResult:
+    """The work transaction of one claimed project; its outcome is counted in it."""
+    q = queries("recalc")
+    with conn.transaction():
+        q.limit_waits(
+            conn,
+            statement_timeout=STATEMENT_TIMEOUT,
+            lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
+        )
+        if not q.lock_claimed_request(
+            conn, project_id=claim.project_id, attempted_at=claim.attempted_at
+        ):
+            # Not this claim's any more: deleted by hand, or claimed anew by another drain.
+            return ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
+        try:
+            # A savepoint: a failure rolls back the project's work but keeps the row locked, so
+            # recording the outcome cannot race another drain that would claim the row.
+            with conn.transaction():
+                result = _recalc_project(conn, claim, started)
+        except pg_errors.LockNotAvailable:
+            q.release_claim(conn, **claim.release_params())  # contention is not a poison
+            result = ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
+        except Exception as exc:
+            stopping = isinstance(exc, pg_errors.QueryCanceled) and should_stop()
+            if stopping or conn.closed or conn.broken:
+                raise
+            error = f"{type(exc).__name__}: {exc}".strip()
+            q.record_failure(conn, project_id=claim.project_id, error=error)
+            result = ProjectResult(
+                claim.project_id, "failed", time.perf_counter() - started, error=error[:1024]
+            )
+        record_outcome(conn, result)  # counters commit with the outcome
+    return result
+
+
+def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
+    """Best effort after an interrupted attempt: with the connection gone, the attempt stays
+    counted, as for a drain that died."""
+    if conn.closed or conn.broken:
+        return
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        queries("recalc").release_claim(conn, **claim.release_params())
+    except psycopg.Error as exc:
+        log_event(
+            log,
+            "project_claim_not_released",
+            level=logging.WARNING,
+            project_id=str(claim.project_id),
+            error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+
+
+def _recalc_project(conn: psycopg.Connection, claim: _Claim, started: float) -> ProjectResult:
+    project_id, requested_count = claim.project_id, claim.requested_count
     q = queries("recalc")
     project = q.lock_project(conn, project_id=project_id)
     if project is None or project[0] == "Archived" or project[1] is not None:
@@ -246,10 +389,11 @@ def _recalc_project(
             requested_count=requested_count,
         )
     buildings = q.recalc_buildings(conn, project_id=project_id)
+    trace = {"project_id": project_id, "traceparent": current_traceparent()}
     republished = {
-        "layout": q.recalc_layouts(conn, project_id=project_id),
-        "layout_group": q.recalc_layout_groups(conn, project_id=project_id),
-        "project": q.recalc_project(conn, project_id=project_id),
+        "layout": q.recalc_layouts(conn, **trace),
+        "layout_group": q.recalc_layout_groups(conn, **trace),
+        "project": q.recalc_project(conn, **trace),
     }
     q.delete_request(conn, project_id=project_id)
     return ProjectResult(

@@ -244,8 +244,10 @@ def test_building_counters_are_updated_without_a_building_event(db, pg_dsn):
 def test_layout_counts_and_group_bounds_are_recomputed_with_events(db, pg_dsn):
     """Layouts of 30, 50 and 70 m² (the 70 one soft-deleted) in one group and a layout without
     objects: each layout counts its active objects (Hidden/soft-deleted excluded); the group
-    counts live layouts and bounds their area; only changed rows publish, with the contract's
-    payloads and the new versions."""
+    counts live layouts and bounds their area; every row is published once with the contract's
+    payloads and the new versions (none was published before: the contract publishes a row
+    whose snapshot differs from the last one published). Then one object is sold: only its
+    layout and the project publish again."""
     project = make_project(db)
     building = make_building(db, project)
     group = make_layout_group(db, project, name="Двушки")
@@ -261,18 +263,20 @@ def test_layout_counts_and_group_bounds_are_recomputed_with_events(db, pg_dsn):
     db.execute("UPDATE chessboard.layouts SET deleted_at = now() WHERE id = %s", (l70,))
 
     tick = drain_due(pg_dsn, db)
-    assert tick.results[0].republished == {"layout": 2, "layout_group": 1, "project": 1}
+    assert tick.results[0].republished == {"layout": 4, "layout_group": 1, "project": 1}
     assert _row(db, "layouts", l30)["property_objects_count"] == 2
     assert _row(db, "layouts", l50)["property_objects_count"] == 1
     assert _row(db, "layouts", l70)["property_objects_count"] == 0
-    assert _row(db, "layouts", empty)["version"] == 1  # unchanged: not touched, not published
+    assert _row(db, "layouts", empty)["version"] == 2  # counts unchanged, published once
     g = _row(db, "layout_groups", group)
     assert (g["layouts_count"], g["area_min"], g["area_max"]) == (2, Decimal(30), Decimal(50))
     assert g["version"] == 2
 
     events = outbox(db)
     layout_events = {key: payload for topic, key, payload in events if topic == LAYOUT_TOPIC}
-    assert set(layout_events) == {str(l30), str(l50)}
+    assert set(layout_events) == {str(l30), str(l50), str(l70), str(empty)}
+    assert layout_events[str(empty)]["PropertyObjectsCount"] == 0
+    assert layout_events[str(l70)]["IsDeleted"] is True
     payload = layout_events[str(l30)]
     _assert_envelope(payload, l30, 2)
     assert payload["ProjectId"] == str(project)
@@ -288,6 +292,17 @@ def test_layout_counts_and_group_bounds_are_recomputed_with_events(db, pg_dsn):
     assert (gp["Name"], gp["SortOrder"], gp["IsArchived"]) == ("Двушки", 0, False)
     assert (gp["LayoutsCount"], gp["AreaMin"], gp["AreaMax"]) == (2, 30, 50)
     assert drift(db) == {}
+
+    db.execute("TRUNCATE chessboard.outbox_events")
+    db.execute(
+        "UPDATE chessboard.property_objects SET status = 'Sold'"
+        " WHERE layout_id = %s AND status = 'Free'",
+        (l30,),
+    )
+    tick = drain_due(pg_dsn, db)
+    assert tick.results[0].republished == {"layout": 0, "layout_group": 0, "project": 1}
+    assert {(t, k) for t, k, _ in outbox(db)} == {(PROJECT_TOPIC, str(project))}
+    assert _row(db, "layouts", l30)["version"] == 2  # still 2 active objects: unchanged
 
 
 def test_partial_failure_rolls_back_only_that_project(db, pg_dsn):

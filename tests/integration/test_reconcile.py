@@ -10,11 +10,10 @@ import io
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -24,12 +23,10 @@ import pytest
 
 from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.cli import main
-from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
+from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
 from pin_pipelines.devstats.events import COLUMNS
-from pin_pipelines.devstats.loader import LoadOptions, load_once
-from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from pin_pipelines.reconcile import (
     aggregates_drift,
     compare,
@@ -37,7 +34,6 @@ from pin_pipelines.reconcile import (
     reconcile,
     versions_behind,
 )
-from pin_pipelines.relay import relay_once
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -45,67 +41,12 @@ from tests.support.chessboard import (
     make_object,
     make_project,
 )
+from tests.support.recalc import drain_until_empty
 
 DIM = "pin_dev_stats.dim_layout_group"
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def drain_all(conn: psycopg.Connection, dsn: str) -> None:
-    """Make every queue row due now and drain until the queue is empty (the consistent state)."""
-    for _ in range(1000):
-        conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
-        if not drain_tick(dsn, batch_size=500).results:
-            break
-    left = conn.execute("SELECT count(*) FROM chessboard.project_recalc_requests").fetchone()
-    assert left == (0,)
-
-
-@pytest.fixture
-def settings(pg_dsn: str, chdb_url: str, kafka_bootstrap: str, tmp_path: Path) -> Settings:
-    return Settings.from_env(
-        {
-            "PIN_PG_DSN": pg_dsn,
-            "PIN_CLICKHOUSE_URL": chdb_url,
-            "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
-            "PIN_STATE_DIR": str(tmp_path),
-        }
-    )
-
-
-@pytest.fixture
-def ch(chdb_url: str) -> Iterator[ClickHouse]:
-    """The session's embedded dimension, emptied: other tests' groups are not this test's drift."""
-    with open_clickhouse(chdb_url) as client:
-        client.command(f"TRUNCATE TABLE {DIM}")
-        yield client
-
-
-@pytest.fixture
-def pipeline(
-    db: psycopg.Connection, settings: Settings, loader_options: LoadOptions
-) -> Iterator[Callable[[], None]]:
-    """drain → relay → loader. Layout-group events go to this test's private topic (registered
-    with the relay), so test sessions sharing the broker never load each other's groups."""
-    db.execute(
-        "INSERT INTO chessboard.outbox_topics (topic, required_fields)"
-        " SELECT %s, required_fields FROM chessboard.outbox_topics WHERE topic = %s"
-        " ON CONFLICT (topic) DO NOTHING",
-        (loader_options.topic, TOPIC_LAYOUT_GROUP),
-    )
-
-    def run() -> None:
-        drain_all(db, settings.pg_dsn)
-        db.execute(
-            "UPDATE chessboard.outbox_events SET topic = %s WHERE topic = %s",
-            (loader_options.topic, TOPIC_LAYOUT_GROUP),
-        )
-        relay_once(settings)
-        summary = load_once(settings, loader_options)
-        assert summary.complete and summary.dead_lettered == 0
-
-    yield run
 
 
 def cells(drift_rows: list) -> set[tuple[str, UUID, str, str | None, str | None]]:
@@ -148,7 +89,7 @@ def test_each_kind_of_aggregate_drift_is_found_and_repaired(
 ) -> None:
     ids = small_project(db)
     healthy = small_project(db)
-    drain_all(db, pg_dsn)
+    drain_until_empty(db, pg_dsn)
     assert aggregates_drift(pg_dsn).rows == []
 
     # Writes that bypass the recalc (a bug, a manual fix gone wrong): no raiser enqueues them.
@@ -202,7 +143,7 @@ def test_a_recent_edit_is_drift_that_the_queue_already_covers(
     db: psycopg.Connection, pg_dsn: str
 ) -> None:
     ids = small_project(db)
-    drain_all(db, pg_dsn)
+    drain_until_empty(db, pg_dsn)
     make_object(db, ids["project"], ids["building"], ids["big"], status="Free", price=50)
 
     drift = aggregates_drift(pg_dsn)
@@ -220,7 +161,7 @@ def test_a_recent_edit_is_drift_that_the_queue_already_covers(
 
 def test_archived_projects_are_not_checked(db: psycopg.Connection, pg_dsn: str) -> None:
     ids = small_project(db)
-    drain_all(db, pg_dsn)
+    drain_until_empty(db, pg_dsn)
     db.execute(
         "UPDATE chessboard.projects SET status = 'Archived' WHERE id = %s", (ids["project"],)
     )

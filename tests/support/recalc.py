@@ -73,6 +73,16 @@ def drain_all(dsn: str, conn: psycopg.Connection) -> list[TickSummary]:
             return ticks
 
 
+def drain_until_empty(conn: psycopg.Connection, dsn: str) -> None:
+    """Make every queue row due now and drain until the queue is empty (the consistent state)."""
+    for _ in range(1000):
+        conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+        if not drain_tick(dsn, batch_size=500).results:
+            break
+    left = conn.execute("SELECT count(*) FROM chessboard.project_recalc_requests").fetchone()
+    assert left == (0,)
+
+
 @contextmanager
 def failing_recalc(conn: psycopg.Connection, project_id: UUID, message: str) -> Iterator[None]:
     """A test-only trigger that RAISEs when the drain writes this project's aggregates: the

@@ -54,7 +54,7 @@ ON CONFLICT (metric, label, shard) DO UPDATE SET value = c.value + excluded.valu
 SELECT count(r.project_id) AS depth,
        count(r.project_id) FILTER (
            WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts) AS due_backlog,
-       count(r.project_id) FILTER (WHERE r.attempt_count >= s.poison_attempts) AS poisoned,
+       (SELECT count(*) FROM chessboard.poisoned_recalc_requests()) AS poisoned,
        coalesce(extract(epoch FROM now() - min(r.due_at) FILTER (
            WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts)), 0)::float8
            AS oldest_due_age_seconds

@@ -1,8 +1,14 @@
 -- Named queries of the recalc drain (spec 000, "Алгоритм"). Parameters are :named (aiosql).
 --
--- Lock order inside one project's transaction, always the same so drains cannot deadlock each
--- other: queue row (claim_due_request) → project row → buildings → layouts → layout groups (all
--- locked by lock_project, before any recalc_* statement updates the rows whose values changed).
+-- A project is two transactions. The claim (claim_due_request) commits on its own: it counts the
+-- attempt and stamps attempted_at, so a drain that dies inside the project has still counted it
+-- (migration 0006). The work transaction then locks the claimed row again (lock_claimed_request)
+-- and holds it to its end.
+--
+-- Lock order inside one project's work transaction, always the same so drains cannot deadlock
+-- each other: queue row (lock_claimed_request) → project row → buildings → layouts → layout
+-- groups (all locked by lock_project, before any recalc_* statement updates the rows whose values
+-- changed).
 
 -- Every aggregate is a function of its own project's rows only (spec step 4: "по ProjectId = @p"):
 -- an object counts for a building or layout, and a layout for a group, only when both carry the
@@ -10,32 +16,71 @@
 -- that references another project's building/layout/group can never leave that project's
 -- aggregates stale (that project is not queued by the edit, and its values do not depend on it).
 
--- "Ready" below means: due, not poisoned, and (after a failure) past its retry interval.
+-- "Ready" below means: due, not poisoned, and no attempt started within retry_interval. The
+-- interval runs from attempted_at, which only a claim writes: edits that keep arriving push
+-- due_at (up to the starvation cap) and updated_at, but never postpone the retry of a failure.
 
 -- name: count_due_requests()$
--- Ready rows at the start of a tick: the size logged by recalc_batch_started.
+-- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog, as the
+-- metrics count it, so a row overdue while it waits for a retry or runs in another drain shows.
 SELECT count(*)
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
-  AND (r.attempt_count = 0 OR r.updated_at + s.retry_interval <= now());
+WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts;
+
+-- name: relax_commit_durability()^
+-- For the claim's own transaction only (see drain.py): its commit does not wait for the WAL flush.
+SELECT set_config('synchronous_commit', 'off', true);
 
 -- name: claim_due_request(attempted)^
--- One due row, oldest due_at first, locked for the rest of this project's transaction.
+-- One ready row, oldest due_at first: the attempt is counted and the row stamped in this
+-- statement's own transaction (the caller commits it before the work starts).
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
--- share the queue and no project is recalculated twice at once. Poisoned rows (attempt_count
--- at the threshold) are left for triage and can never block the rows behind them.
+-- share the queue and no project is recalculated twice at once; in the moment between another
+-- drain's claim and its work transaction, that drain's fresh attempted_at keeps the row out
+-- (it is not ready before retry_interval). Poisoned rows (attempt_count at the threshold) are
+-- left for triage and can never block the rows behind them.
+-- last_error says what a dead drain cannot: it is overwritten by the real error of a failure, and
+-- given back (release_claim) when the attempt is interrupted.
 -- `attempted` (uuid[]): projects this tick already tried; a failed or deferred row is retried
 -- on a later tick (spec), never again in the same one however short retry_interval is; NULL
 -- (pgbench, bench/) excludes nothing.
-SELECT r.project_id, r.tenant_id, r.last_reason, r.requested_count, r.attempt_count,
-       extract(epoch FROM now() - r.first_requested_at)::float8 AS waited_seconds
-FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
-  AND (r.attempt_count = 0 OR r.updated_at + s.retry_interval <= now())
-  AND r.project_id <> ALL (coalesce(:attempted::uuid[], '{}'))
-ORDER BY r.due_at
-LIMIT 1
-FOR UPDATE OF r SKIP LOCKED;
+WITH ready AS (
+    SELECT r.project_id, r.attempted_at, r.last_error
+    FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
+    WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
+      AND (r.attempted_at IS NULL OR r.attempted_at + s.retry_interval <= now())
+      AND r.project_id <> ALL (coalesce(:attempted::uuid[], '{}'))
+    ORDER BY r.due_at
+    LIMIT 1
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE chessboard.project_recalc_requests r
+SET attempt_count = r.attempt_count + 1,
+    attempted_at = now(),
+    last_error = 'attempt ' || r.attempt_count + 1 || ' started at ' || now()
+                 || ' and never ended: the drain died inside it'
+FROM ready
+WHERE r.project_id = ready.project_id
+RETURNING r.project_id, r.tenant_id, r.last_reason, r.requested_count, r.attempt_count,
+          extract(epoch FROM now() - r.first_requested_at)::float8 AS waited_seconds,
+          r.attempted_at, ready.attempted_at AS previous_attempted_at,
+          ready.last_error AS previous_last_error;
+
+-- name: lock_claimed_request(project_id, attempted_at)$
+-- First statement of the work transaction: the claimed row, locked until its end. NULL when the
+-- row is no longer this claim's (deleted by hand, or claimed anew by another drain when
+-- retry_interval is shorter than the moment between the two transactions).
+SELECT true FROM chessboard.project_recalc_requests
+WHERE project_id = :project_id AND attempted_at = :attempted_at
+FOR UPDATE;
+
+-- name: release_claim(project_id, attempted_at, previous_attempted_at, previous_last_error)!
+-- An attempt that ended without a verdict on the project (deferred on a row lock, interrupted by
+-- a stop) is given back: the count, the retry clock and the last error are as before the claim.
+UPDATE chessboard.project_recalc_requests
+SET attempt_count = attempt_count - 1, attempted_at = :previous_attempted_at,
+    last_error = :previous_last_error
+WHERE project_id = :project_id AND attempted_at = :attempted_at;
 
 -- name: limit_waits(statement_timeout, lock_share)^
 -- For the rest of this project's transaction. lock_timeout is a share of deadlock_timeout (see
@@ -94,95 +139,107 @@ WITH truth AS (
 )
 SELECT count(*) FROM changed;
 
--- name: recalc_layouts(project_id)$
--- Active objects per layout; a snapshot event for every layout whose count changed.
+-- The three published entities below share one rule (contract section 4): a row whose snapshot
+-- (its entity fields with the recomputed aggregates) differs from the one it last published, or
+-- whose aggregate columns differ from the truth, gets Version + 1 and an event in the same
+-- statement; any other row is left untouched, so a duplicate run writes nothing. The snapshot
+-- covers the row's own fields too: a renamed, re-sorted or archived group, a renamed project
+-- and a new row (published_snapshot NULL) are published although no aggregate moved.
+-- `traceparent`: the project span's W3C context, carried with its events (NULL: not traced).
+
+-- name: recalc_layouts(project_id, traceparent)$
+-- Active objects per layout.
 WITH truth AS (
-    SELECT l.id, count(po.id) AS objects
+    SELECT l.id, count(po.id)::int AS objects
     FROM chessboard.layouts l
     LEFT JOIN chessboard.property_objects po
            ON po.layout_id = l.id AND po.project_id = l.project_id
           AND po.deleted_at IS NULL AND po.status <> 'Hidden'
     WHERE l.project_id = :project_id
     GROUP BY l.id
+), fresh AS (
+    SELECT l.id, t.objects, chessboard.layout_snapshot(l, t.objects) AS snapshot
+    FROM chessboard.layouts l JOIN truth t ON t.id = l.id
 ), changed AS (
     UPDATE chessboard.layouts l
-    SET property_objects_count = t.objects, version = l.version + 1, updated_at = now()
-    FROM truth t
-    WHERE l.id = t.id AND l.property_objects_count IS DISTINCT FROM t.objects
-    RETURNING l.*
+    SET property_objects_count = f.objects, published_snapshot = f.snapshot,
+        version = l.version + 1, updated_at = now()
+    FROM fresh f
+    WHERE l.id = f.id
+      AND (l.property_objects_count IS DISTINCT FROM f.objects
+           OR l.published_snapshot IS DISTINCT FROM f.snapshot)
+    RETURNING l.id, l.version, l.published_snapshot
 ), published AS (
-    INSERT INTO chessboard.outbox_events (topic, message_key, payload)
+    INSERT INTO chessboard.outbox_events (topic, message_key, payload, traceparent)
     SELECT 'pin.chessboard.layout-upserted.v1', c.id::text,
-           chessboard.event_envelope(c.id, c.version) || jsonb_build_object(
-               'ProjectId', c.project_id,
-               'LayoutGroupId', c.layout_group_id,
-               'Name', c.name,
-               'TotalArea', c.total_area,
-               'PropertyObjectsCount', c.property_objects_count,
-               'IsDeleted', c.deleted_at IS NOT NULL)
+           chessboard.event_envelope(c.id, c.version) || c.published_snapshot, :traceparent::text
     FROM changed c
     RETURNING 1
 )
 SELECT count(*) FROM published;
 
--- name: recalc_layout_groups(project_id)$
--- Live layouts per group and their area bounds; an event for every group whose values changed.
+-- name: recalc_layout_groups(project_id, traceparent)$
+-- Live layouts per group and their area bounds.
 WITH truth AS (
-    SELECT g.id, count(l.id) AS layouts,
+    SELECT g.id, count(l.id)::int AS layouts,
            min(l.total_area) AS area_min, max(l.total_area) AS area_max
     FROM chessboard.layout_groups g
     LEFT JOIN chessboard.layouts l
            ON l.layout_group_id = g.id AND l.project_id = g.project_id AND l.deleted_at IS NULL
     WHERE g.project_id = :project_id
     GROUP BY g.id
+), fresh AS (
+    SELECT g.id, t.layouts, t.area_min, t.area_max,
+           chessboard.layout_group_snapshot(g, t.layouts, t.area_min, t.area_max) AS snapshot
+    FROM chessboard.layout_groups g JOIN truth t ON t.id = g.id
 ), changed AS (
     UPDATE chessboard.layout_groups g
-    SET layouts_count = t.layouts, area_min = t.area_min, area_max = t.area_max,
-        version = g.version + 1, updated_at = now()
-    FROM truth t
-    WHERE g.id = t.id
-      AND (g.layouts_count, g.area_min, g.area_max)
-          IS DISTINCT FROM (t.layouts, t.area_min, t.area_max)
-    RETURNING g.*
+    SET layouts_count = f.layouts, area_min = f.area_min, area_max = f.area_max,
+        published_snapshot = f.snapshot, version = g.version + 1, updated_at = now()
+    FROM fresh f
+    WHERE g.id = f.id
+      AND ((g.layouts_count, g.area_min, g.area_max)
+               IS DISTINCT FROM (f.layouts, f.area_min, f.area_max)
+           OR g.published_snapshot IS DISTINCT FROM f.snapshot)
+    RETURNING g.id, g.version, g.published_snapshot
 ), published AS (
-    INSERT INTO chessboard.outbox_events (topic, message_key, payload)
+    INSERT INTO chessboard.outbox_events (topic, message_key, payload, traceparent)
     SELECT 'pin.chessboard.layout-group-upserted.v1', c.id::text,
-           chessboard.layout_group_payload(c)
+           chessboard.event_envelope(c.id, c.version) || c.published_snapshot, :traceparent::text
     FROM changed c
     RETURNING 1
 )
 SELECT count(*) FROM published;
 
--- name: recalc_project(project_id)$
--- Free-object price bounds and counters of the project; an event when any of them changed.
+-- name: recalc_project(project_id, traceparent)$
+-- Free-object price bounds and counters of the project.
 WITH truth AS (
-    SELECT count(*) FILTER (WHERE po.status <> 'Hidden') AS total,
-           count(*) FILTER (WHERE po.status = 'Free') AS free,
+    SELECT (count(*) FILTER (WHERE po.status <> 'Hidden'))::int AS total,
+           (count(*) FILTER (WHERE po.status = 'Free'))::int AS free,
            min(po.price) FILTER (WHERE po.status = 'Free') AS price_min,
            max(po.price) FILTER (WHERE po.status = 'Free') AS price_max
     FROM chessboard.property_objects po
     WHERE po.project_id = :project_id AND po.deleted_at IS NULL
+), fresh AS (
+    SELECT p.id, t.total, t.free, t.price_min, t.price_max,
+           chessboard.project_snapshot(p, t.total, t.free, t.price_min, t.price_max) AS snapshot
+    FROM chessboard.projects p, truth t
+    WHERE p.id = :project_id
 ), changed AS (
     UPDATE chessboard.projects p
-    SET property_objects_total_count = t.total, property_objects_free_count = t.free,
-        price_min = t.price_min, price_max = t.price_max,
+    SET property_objects_total_count = f.total, property_objects_free_count = f.free,
+        price_min = f.price_min, price_max = f.price_max, published_snapshot = f.snapshot,
         version = p.version + 1, updated_at = now()
-    FROM truth t
-    WHERE p.id = :project_id
-      AND (p.property_objects_total_count, p.property_objects_free_count, p.price_min, p.price_max)
-          IS DISTINCT FROM (t.total, t.free, t.price_min, t.price_max)
-    RETURNING p.*
+    FROM fresh f
+    WHERE p.id = f.id
+      AND ((p.property_objects_total_count, p.property_objects_free_count, p.price_min,
+            p.price_max) IS DISTINCT FROM (f.total, f.free, f.price_min, f.price_max)
+           OR p.published_snapshot IS DISTINCT FROM f.snapshot)
+    RETURNING p.id, p.version, p.published_snapshot
 ), published AS (
-    INSERT INTO chessboard.outbox_events (topic, message_key, payload)
+    INSERT INTO chessboard.outbox_events (topic, message_key, payload, traceparent)
     SELECT 'pin.chessboard.project-upserted.v1', c.id::text,
-           chessboard.event_envelope(c.id, c.version) || jsonb_build_object(
-               'TenantId', c.tenant_id,
-               'Name', c.name,
-               'Status', c.status,
-               'PriceMin', c.price_min,
-               'PriceMax', c.price_max,
-               'PropertyObjectsTotalCount', c.property_objects_total_count,
-               'PropertyObjectsFreeCount', c.property_objects_free_count)
+           chessboard.event_envelope(c.id, c.version) || c.published_snapshot, :traceparent::text
     FROM changed c
     RETURNING 1
 )
@@ -194,25 +251,25 @@ SELECT count(*) FROM published;
 DELETE FROM chessboard.project_recalc_requests WHERE project_id = :project_id;
 
 -- name: record_failure(project_id, error)!
--- After the project's work was rolled back (to a savepoint, so the row lock is still held):
--- due_at stays, so the next tick retries; attempt_count reaching poison_attempts parks the row.
+-- After the project's work was rolled back (to a savepoint, so the row lock is still held): the
+-- claim already counted the attempt; due_at stays, so a later tick retries, and attempt_count at
+-- poison_attempts parks the row.
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = attempt_count + 1, last_error = left(:error, 1024), updated_at = now()
+SET last_error = left(:error, 1024), updated_at = now()
 WHERE project_id = :project_id;
 
 -- name: poisoned_requests()
 -- Rows parked for triage (runbook: fix the data, then requeue).
 SELECT r.project_id, r.tenant_id, r.attempt_count, r.last_error, r.last_reason,
        r.first_requested_at, r.updated_at
-FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.attempt_count >= s.poison_attempts
-ORDER BY r.updated_at;
+FROM chessboard.poisoned_recalc_requests() r
+ORDER BY r.attempted_at;
 
 -- name: next_due_in_seconds()$
 -- Seconds until the next row is ready (<= 0: now; NULL: nothing but poison is queued).
-SELECT extract(epoch FROM min(greatest(
-           r.due_at,
-           CASE WHEN r.attempt_count > 0 THEN r.updated_at + s.retry_interval END)) - now())::float8
+-- greatest() skips the NULL of a row never attempted.
+SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interval))
+               - now())::float8
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.attempt_count < s.poison_attempts;
 
@@ -230,13 +287,12 @@ ON CONFLICT ON CONSTRAINT project_recalc_requests_pkey DO UPDATE SET
 -- Runbook for a poison row: forget the failures and make it due now. Returns 1 when requeued.
 WITH requeued AS (
     UPDATE chessboard.project_recalc_requests
-    SET attempt_count = 0, last_error = NULL, due_at = now(), updated_at = now()
+    SET attempt_count = 0, attempted_at = NULL, last_error = NULL, due_at = now(),
+        updated_at = now()
     WHERE project_id = :project_id
     RETURNING 1
 )
 SELECT count(*) FROM requeued;
 
 -- name: count_poisoned()$
-SELECT count(*)
-FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.attempt_count >= s.poison_attempts;
+SELECT count(*) FROM chessboard.poisoned_recalc_requests();

@@ -142,7 +142,9 @@ WITH wanted AS (
     FOR UPDATE OF g
 ), bumped AS (
     UPDATE chessboard.layout_groups g
-    SET version = greatest(g.version, k.floor_version) + 1, updated_at = now()
+    SET version = greatest(g.version, k.floor_version) + 1, updated_at = now(),
+        published_snapshot = chessboard.layout_group_snapshot(
+            g, g.layouts_count, g.area_min, g.area_max)
     FROM locked k
     WHERE g.id = k.id
     RETURNING g.*

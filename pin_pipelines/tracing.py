@@ -1,0 +1,90 @@
+"""Traces: a span per drain tick (its correlation id) and per project (ProjectId, TenantId,
+LastReason), per relay batch and per loader batch (spec 000, "Traces").
+
+OpenTelemetry's SDK does the work; this module only decides, once per process, whether to
+install an exporting TracerProvider, from the standard variables alone: `OTEL_TRACES_EXPORTER`
+(`otlp`, `console` or `none`), or, when it is unset, an OTLP endpoint variable. Without either
+the API's no-op tracer stays, and nothing leaves the process. Endpoint, headers, timeout,
+service name, resource attributes and batching are read by the SDK from their own standard
+variables. OTLP goes over HTTP (`http/protobuf`, the OTLP default for this exporter); `grpc` is
+refused with a clear error rather than dropped in silence.
+
+A project span's context travels with its snapshot events as a W3C `traceparent` (an outbox
+column, then a Kafka header), so the loader's batch span links back to the recalc that caused it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cache
+
+from opentelemetry import propagate, trace
+
+from pin_pipelines.errors import PinError
+
+TRACER_NAME = "pin_pipelines"
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def exporter_name(env: Mapping[str, str]) -> str:
+    """Which exporter the environment asks for: `otlp`, `console` or `none`."""
+    named = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not named:
+        return "otlp" if any(env.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES) else "none"
+    if named not in ("otlp", "console", "none"):
+        raise PinError(f"OTEL_TRACES_EXPORTER={named} is not supported here: otlp, console or none")
+    if named == "otlp":
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        if protocol.strip().lower() != "http/protobuf":
+            raise PinError(
+                f"OTLP protocol {protocol} is not supported here: set"
+                " OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
+            )
+    return named
+
+
+@cache
+def tracer() -> trace.Tracer:
+    """The process's tracer, its provider installed at the first call."""
+    name = exporter_name(os.environ)
+    if name != "none":
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
+
+        exporter: SpanExporter
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter()
+        # The provider flushes and shuts its exporter down at interpreter exit.
+        provider = TracerProvider(resource=Resource.create())
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+    return trace.get_tracer(TRACER_NAME)
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current span; None when nothing is traced."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def link_to(traceparent: str | bytes | None) -> trace.Link | None:
+    """A link to the span a traceparent names (an event's origin); None for a missing or
+    malformed one, which is never worth failing a batch for."""
+    if not traceparent:
+        return None
+    text = traceparent.decode() if isinstance(traceparent, bytes) else traceparent
+    context = trace.get_current_span(propagate.extract({"traceparent": text})).get_span_context()
+    return trace.Link(context) if context.is_valid else None

@@ -1,0 +1,180 @@
+"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and attempts
+counted when a row is claimed, so a project that kills its worker is parked as poison while a
+drain that is only stopped (SIGTERM) counts nothing. Real `pin` processes, real signals."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from uuid import UUID
+
+import psycopg
+
+from pin_pipelines.chessboard.drain import STOP_GRACE_SECONDS, drain_tick
+from tests.support.chessboard import make_building, make_layout, make_object, make_project
+from tests.support.recalc import (
+    failing_recalc,
+    last_json_line,
+    queue_row,
+    set_settings,
+    sleeping_backends,
+    slow_recalc,
+    start_pin,
+)
+from tests.support.truth import drift
+
+
+def _project_with_object(conn: psycopg.Connection) -> tuple[UUID, UUID]:
+    project = make_project(conn)
+    building = make_building(conn, project)
+    layout = make_layout(conn, project, None, 40)
+    return project, make_object(conn, project, building, layout, status="Free", price=100)
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _row_unlocked(conn: psycopg.Connection, project: UUID) -> bool:
+    """No session holds the queue row (a killed drain's backend has ended its transaction)."""
+    row = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM chessboard.project_recalc_requests"
+        " WHERE project_id = %s FOR UPDATE SKIP LOCKED) r",
+        (project,),
+    ).fetchone()
+    return row is not None and row[0] == 1
+
+
+def test_a_failed_project_under_continuous_edits_is_retried_within_the_cap(db, pg_dsn):
+    """Tried: a 2 s debounce, a 6 s starvation cap, retry_interval and the worker's tick 1 s; the
+    project's object is repriced every 0.4 s for the whole test (cap + 6 s), and its first recalc
+    fails. Before issue 12 the retry waited for `updated_at + retry_interval`, which every edit
+    pushed, so the project was never retried while edits came. Now: the first attempt runs at
+    the cap, and the retry succeeds within starvation_cap + two ticks of the first request."""
+    tick, cap = 1.0, 6.0
+    set_settings(db, debounce="2 seconds", starvation_cap=f"{cap} seconds", retry_interval="1 s")
+    project, obj = _project_with_object(db)
+    db.execute("DELETE FROM chessboard.project_recalc_requests")
+    stop_edits = threading.Event()
+
+    def edit_continuously() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as api:
+            price = 100
+            while not stop_edits.wait(0.4):
+                price += 1
+                api.execute(
+                    "UPDATE chessboard.property_objects SET price = %s WHERE id = %s", (price, obj)
+                )
+
+    editor = threading.Thread(target=edit_continuously, name="api-edits")
+    editor.start()
+    outcomes: list[tuple[float, str]] = []
+    try:
+        _wait_for(lambda: queue_row(db, project) is not None, 5, "the first edit's request")
+        first_requested = time.monotonic()
+        with failing_recalc(db, project, "transient: the first attempt fails"):
+            while not outcomes:
+                time.sleep(tick)
+                outcomes += [(time.monotonic(), r.outcome) for r in drain_tick(pg_dsn).results]
+        assert [o for _, o in outcomes] == ["failed"]
+        while outcomes[-1][1] != "recalculated" and time.monotonic() < first_requested + cap + 6:
+            time.sleep(tick)
+            outcomes += [(time.monotonic(), r.outcome) for r in drain_tick(pg_dsn).results]
+    finally:
+        stop_edits.set()
+        editor.join()
+    assert [o for _, o in outcomes] == ["failed", "recalculated"]
+    recalculated_after = outcomes[-1][0] - first_requested
+    assert recalculated_after <= cap + 2 * tick, f"retried {recalculated_after:.1f} s after"
+
+
+def test_a_project_that_kills_its_drain_is_poisoned_after_five_claims(db, pg_dsn):
+    """Tried: five `pin recalc drain --once` processes, each SIGKILLed while it is inside the
+    project's recalc (a test trigger holds it there), as an OOM kill would. No drain lives to
+    record a failure, yet each claim counted: attempt_count goes 1..5, last_error says the drain
+    died inside the attempt, and the row is then poison: a sixth drain does not claim it and
+    reports it poisoned. Requeue makes it drain normally."""
+    set_settings(db, retry_interval="0 seconds")
+    project, _ = _project_with_object(db)
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+    with slow_recalc(db, 1.0):
+        for attempt in range(1, 6):
+            drain = start_pin(pg_dsn, "recalc", "drain", "--once")
+            try:
+                _wait_for(lambda: sleeping_backends(db) == 1, 20, "the drain inside the project")
+                assert queue_row(db, project)["attempt_count"] == attempt  # counted up front
+            finally:
+                drain.kill()
+                drain.communicate(timeout=10)
+            assert drain.returncode == -signal.SIGKILL
+            # The orphaned backend ends its statement, finds the client gone and rolls back.
+            _wait_for(lambda: _row_unlocked(db, project), 15, "the killed drain's rollback")
+            row = queue_row(db, project)
+            assert row["attempt_count"] == attempt
+            assert "the drain died inside it" in row["last_error"]
+
+        sixth = start_pin(pg_dsn, "recalc", "drain", "--once")
+        stdout, stderr = sixth.communicate(timeout=60)
+    assert sixth.returncode == 0, stderr
+    summary = last_json_line(stdout)
+    assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 1)
+    assert queue_row(db, project)["attempt_count"] == 5
+
+    requeue = start_pin(pg_dsn, "recalc", "requeue", "--project-id", str(project))
+    assert requeue.communicate(timeout=60) and requeue.returncode == 0
+    assert drain_tick(pg_dsn).processed == 1
+    assert queue_row(db, project) is None
+    assert drift(db) == {}
+
+
+def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db, pg_dsn):
+    """Tried: a project one failure short of poison (attempt_count 4) whose recalc hangs (a
+    30 s test trigger); `pin recalc drain --once` is inside it when it gets SIGTERM. The drain
+    gives the project STOP_GRACE_SECONDS to finish, then cancels it: the project rolls back
+    whole, the drain exits 0 reporting it interrupted, and the attempt is given back
+    (attempt_count 4 again, last_error and the retry clock as before), so a deploy never
+    poisons a project. Without the hang the next drain recalculates it."""
+    set_settings(db, retry_interval="0 seconds")
+    project, _ = _project_with_object(db)
+    db.execute(
+        "UPDATE chessboard.project_recalc_requests SET due_at = now(), attempt_count = 4,"
+        " last_error = 'earlier failure', attempted_at = now() - interval '1 minute'"
+        " WHERE project_id = %s",
+        (project,),
+    )
+    before = queue_row(db, project)
+    with slow_recalc(db, 30.0):
+        drain = start_pin(pg_dsn, "recalc", "drain", "--once")
+        try:
+            _wait_for(lambda: sleeping_backends(db) == 1, 20, "the drain inside the project")
+            assert queue_row(db, project)["attempt_count"] == 5  # the claim counted it
+            drain.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            stdout, stderr = drain.communicate(timeout=STOP_GRACE_SECONDS + 10)
+            stopped_after = time.monotonic() - signalled
+        finally:
+            if drain.poll() is None:
+                drain.kill()
+                drain.communicate(timeout=10)
+    assert drain.returncode == 0, stderr
+    assert stopped_after < STOP_GRACE_SECONDS + 3
+    summary = last_json_line(stdout)
+    assert summary["interrupted"] == 1 and summary["stopped_early"] is True
+    assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 0)
+    row = queue_row(db, project)
+    assert (row["attempt_count"], row["last_error"], row["attempted_at"]) == (
+        4,
+        "earlier failure",
+        before["attempted_at"],
+    )
+    assert sleeping_backends(db) == 0  # the hung statement was cancelled, not left running
+
+    assert drain_tick(pg_dsn).processed == 1
+    assert queue_row(db, project) is None
+    assert drift(db) == {}
