@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -11,6 +12,8 @@ from pin_pipelines.errors import PinError
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
+DEFAULT_RELAY_TRANSACTIONAL_ID = "pin-outbox-relay"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
 
 #: The repository root when the package runs from a checkout (the normal case, editable install).
@@ -34,6 +37,17 @@ class Settings:
     dagster_home: Path
     dagster_port: int
     dagster_pg_url: str
+    #: Concurrent recalc_drain_job runs (PIN_RECALC_MAX_DRAIN_RUNS): the sensor launches no more,
+    #: and the run queue of the Dagster instance that `pin serve` prepares admits no more.
+    recalc_max_drain_runs: int
+    #: The outbox relay's Kafka `transactional.id`: stable, so a new relay fences the one before it.
+    #: One per outbox; two outboxes on one Kafka cluster need two.
+    relay_transactional_id: str
+    #: Finished Dagster runs are deleted, with their event and compute logs, this many days after
+    #: they ended: successes (PIN_DAGSTER_RETENTION_SUCCESS_DAYS) and failed or canceled runs
+    #: (PIN_DAGSTER_RETENTION_FAILURE_DAYS).
+    dagster_retention_success_days: float
+    dagster_retention_failure_days: float
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -44,6 +58,11 @@ class Settings:
         port = e.get("PIN_DAGSTER_PORT") or "3000"
         if not port.isdigit():
             raise PinError(f"PIN_DAGSTER_PORT must be a port number, got {port!r}")
+        drain_runs = e.get("PIN_RECALC_MAX_DRAIN_RUNS") or str(DEFAULT_RECALC_MAX_DRAIN_RUNS)
+        if not drain_runs.isdecimal() or int(drain_runs) < 1:
+            raise PinError(
+                f"PIN_RECALC_MAX_DRAIN_RUNS must be a whole number ≥ 1, got {drain_runs!r}"
+            )
         return cls(
             pg_dsn=pg_dsn,
             kafka_bootstrap=e.get("PIN_KAFKA_BOOTSTRAP") or DEFAULT_KAFKA_BOOTSTRAP,
@@ -52,6 +71,11 @@ class Settings:
             dagster_home=Path(e.get("DAGSTER_HOME") or state_dir / "dagster_home"),
             dagster_port=int(port),
             dagster_pg_url=e.get("PIN_DAGSTER_PG_URL") or dagster_pg_url_from(pg_dsn),
+            recalc_max_drain_runs=int(drain_runs),
+            relay_transactional_id=e.get("PIN_RELAY_TRANSACTIONAL_ID")
+            or DEFAULT_RELAY_TRANSACTIONAL_ID,
+            dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
+            dagster_retention_failure_days=_days(e, "PIN_DAGSTER_RETENTION_FAILURE_DAYS", 14.0),
         )
 
     @property
@@ -69,6 +93,17 @@ class Settings:
     @property
     def kafka_is_local(self) -> bool:
         return self.kafka_host_port[0] in LOOPBACK_HOSTS
+
+
+def _days(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name) or str(default)
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not days > 0:
+        raise PinError(f"{name} must be a number of days > 0, got {raw!r}")
+    return days
 
 
 @dataclass(frozen=True)
@@ -106,10 +141,10 @@ def dsn_with_dbname(dsn: str, dbname: str) -> str:
     return urlunsplit(parts._replace(path=f"/{dbname}"))
 
 
-def dagster_pg_url_from(pg_dsn: str) -> str:
+def dagster_pg_url_from(pg_dsn: str, dbname: str = "dagster") -> str:
     """Dagster's storage lives in a sibling database `dagster` on the same server.
 
     It goes through psycopg2: dagster-postgres' SQL fails under SQLAlchemy with psycopg 3.
     """
-    parts = urlsplit(dsn_with_dbname(pg_dsn, "dagster"))
+    parts = urlsplit(dsn_with_dbname(pg_dsn, dbname))
     return urlunsplit(parts._replace(scheme="postgresql+psycopg2"))

@@ -4,7 +4,7 @@ import warnings
 
 import dagster as dg
 
-from pin_pipelines.defs import devstats, recalc, reconcile, relay
+from pin_pipelines.defs import devstats, housekeeping, recalc, reconcile, relay
 from pin_pipelines.defs.resources import RESOURCES
 
 # Dagster flags its own internal use of beta parameters on every load; it is not ours to act on.
@@ -15,5 +15,6 @@ defs = dg.Definitions.merge(
     relay.defs,
     devstats.defs,
     reconcile.defs,
+    housekeeping.defs,
     dg.Definitions(resources=RESOURCES),
 )

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 
 def log_event(
@@ -20,7 +20,18 @@ def log_event(
 
 def configure_cli_logging(level: int = logging.INFO) -> None:
     """Logs go to stderr, so a command's stdout stays a clean JSON summary."""
-    handler = logging.StreamHandler(sys.stderr)
+    _log_to(sys.stderr, level)
+
+
+def configure_run_logging(level: int = logging.INFO) -> None:
+    """In a Dagster run: the JSON lines go to the run's stdout, which Dagster captures as its
+    compute logs (shown in the UI), never to the event log: a line per project or message
+    would make the event log grow with the queue (issue 15)."""
+    _log_to(sys.stdout, level)
+
+
+def _log_to(stream: TextIO, level: int) -> None:
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("pin_pipelines")
     root.handlers[:] = [handler]

@@ -93,6 +93,8 @@ class TickSummary:
             "duration_p50_seconds": _quantile(durations, 0.50),
             "duration_p99_seconds": _quantile(durations, 0.99),
             "stopped_early": self.stopped_early,
+            # Bounded by the batch size: the run's event log carries failures with their error.
+            "failures": {str(r.project_id): r.error for r in self.results if r.outcome == "failed"},
         }
 
 

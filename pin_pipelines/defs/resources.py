@@ -3,10 +3,16 @@
 import dagster as dg
 
 from pin_pipelines.config import Settings
+from pin_pipelines.logs import configure_run_logging
 
 
 class PinSettings(dg.ConfigurableResource):
     """Environment-driven (contract section 1), so the UI, the daemon and `pin` agree."""
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Every op of the project uses this resource: its run's pin_pipelines lines go to the
+        # run's stdout from here on.
+        configure_run_logging()
 
     def get(self) -> Settings:
         return Settings.from_env()

@@ -1,8 +1,10 @@
 """Writes and reads of `pin_dev_stats.dim_layout_group`; the SQL is in
 `sql/clickhouse/queries/dim_layout_group.sql`.
 
-Reads on behalf of a developer filter `DeveloperId` = the actor (spec 003, security); only the
-loader's version guard sees every developer.
+Reads on behalf of a developer filter `DeveloperId` = the actor (spec 003, security) and, when
+given, the project (spec 003's read: `WHERE DeveloperId = actor AND ProjectId = … AND
+LayoutGroupId = …`); only the loader's version guard and the reconciliation see every developer.
+Every read takes a group's current row by (UpsertedAt, SourceVersion): the query file says why.
 """
 
 from __future__ import annotations
@@ -58,28 +60,33 @@ def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
     return len(batch)
 
 
-def labels(ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID]) -> dict[str, str]:
-    """`{layout_group_id: Name}`; a missing group, or one of another developer, is labelled with
-    its own id (the spec's degradation, no error)."""
+def labels(
+    ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID], project_id: UUID | None = None
+) -> dict[str, str]:
+    """`{layout_group_id: Name}`; a missing group, one of another developer, or (with
+    `project_id`) one whose current row is in another project is labelled with its own id (the
+    spec's degradation, no error)."""
     wanted = {str(gid): gid for gid in ids}
     if not wanted:
         return {}
     found = {
         str(gid): str(name)
         for gid, name in ch.rows(
-            QUERIES["labels"], {"developer_id": developer_id, "ids": set(wanted.values())}
+            QUERIES["labels"],
+            {"developer_id": developer_id, "ids": set(wanted.values()), "project_id": project_id},
         )
     }
     return {key: found.get(key, key) for key in wanted}
 
 
-def groups(ch: ClickHouse, developer_id: UUID) -> list[LayoutGroup]:
-    """The actor's groups in display order (SortOrder), archived ones included."""
+def groups(ch: ClickHouse, developer_id: UUID, project_id: UUID | None = None) -> list[LayoutGroup]:
+    """The actor's groups in display order (SortOrder), archived ones included; with
+    `project_id`, only the groups whose current row is in that project."""
     return [
         LayoutGroup(
             UUID(str(gid)), UUID(str(pid)), str(name), int(order), bool(archived), int(version)
         )
         for gid, pid, name, order, archived, version in ch.rows(
-            QUERIES["groups"], {"developer_id": developer_id}
+            QUERIES["groups"], {"developer_id": developer_id, "project_id": project_id}
         )
     ]

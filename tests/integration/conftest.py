@@ -3,14 +3,17 @@ session's embedded dimension."""
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import dagster as dg
 import psycopg
 import pytest
 
 from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
-from pin_pipelines.config import Settings
+from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from pin_pipelines.relay import relay_once
@@ -63,3 +66,33 @@ def pipeline(
         assert summary.complete and summary.dead_lettered == 0
 
     yield run
+
+
+@pytest.fixture
+def dagster_db(pg_dsn: str) -> Iterator[str]:
+    """A fresh database for a Dagster instance's storage, dropped afterwards."""
+    name = f"pin_test_dagster_{uuid.uuid4().hex[:8]}"
+    admin = dsn_with_dbname(pg_dsn, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield dsn_with_dbname(pg_dsn, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_instance(
+    dagster_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dg.DagsterInstance]:
+    """An instance of the repository's own dagster.yaml (run, event and schedule storage in
+    PostgreSQL, run queue, logging), on a database of its own; compute logs under its home."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copyfile(SOURCE_ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv(
+        "PIN_DAGSTER_PG_URL", dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
+    )
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        yield instance

@@ -6,6 +6,7 @@ import dagster as dg
 
 from pin_pipelines.chessboard.drain import drain_until_idle
 from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc, requeue_poisoned
+from pin_pipelines.chessboard.queue_status import poisoned_requests
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 
 DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
@@ -21,7 +22,8 @@ def drain_recalc_queue(
 ) -> None:
     """Drain due rows tick after tick until the queue is idle or the budget is spent."""
     # A terminated run interrupts the op mid-project: that project's transaction rolls back
-    # whole and its row stays queued (the spec's cancellation rule).
+    # whole, its row stays queued and its attempt is given back (the spec's cancellation rule).
+    # Per-project lines go to the run's stdout; the event log gets the summary below.
     run = drain_until_idle(
         pin.get().pg_dsn, budget_seconds=config.budget_seconds, correlation_prefix=context.run_id
     )
@@ -47,9 +49,11 @@ def drain_recalc_queue(
     else:
         context.log_event(dg.AssetObservation(asset_key=CHESSBOARD_AGGREGATES, metadata=metadata))
     if summary["poisoned"]:
+        ids = [str(r.project_id) for r in poisoned_requests(pin.get().pg_dsn)]
         context.log.error(
             f"CHESSBOARD_RECALC_POISON: {summary['poisoned']} project(s) parked after repeated "
-            "failures; see the no_poisoned_recalc_requests check and run requeue_poisoned_job"
+            f"failures: {ids}; see the no_poisoned_recalc_requests check and run"
+            " requeue_poisoned_job"
         )
 
 

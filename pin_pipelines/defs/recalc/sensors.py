@@ -1,6 +1,5 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
-import os
 import time
 
 import dagster as dg
@@ -20,11 +19,6 @@ LOOKAHEAD_SECONDS = 12.0
 OVERDUE_SECONDS = 5.0
 
 
-def max_drain_runs() -> int:
-    """Concurrent drain runs are safe (SKIP LOCKED); more than a few only add launch overhead."""
-    return int(os.environ.get("PIN_RECALC_MAX_DRAIN_RUNS", "2"))
-
-
 @dg.sensor(
     job=recalc_drain_job,
     minimum_interval_seconds=5,
@@ -32,19 +26,23 @@ def max_drain_runs() -> int:
     description="Launches recalc_drain_job when queue rows are due (or about to be).",
 )
 def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    settings = Settings.from_env()
     try:
-        next_due = seconds_until_next_due(Settings.from_env().pg_dsn)
+        next_due = seconds_until_next_due(settings.pg_dsn)
     except PinError as exc:
         return dg.SkipReason(f"queue unreadable: {exc}")
     if next_due is None:
         return dg.SkipReason("queue is empty")
     if next_due > LOOKAHEAD_SECONDS:
         return dg.SkipReason(f"next row is due in {next_due:.0f}s")
-    runs = in_flight_records(context, recalc_drain_job.name, limit=max_drain_runs())
+    # Concurrent drains are safe (SKIP LOCKED); more than a few only add launch overhead. The
+    # run queue admits no more either (pin_pipelines/dagster_instance.py): one setting for both.
+    max_runs = settings.recalc_max_drain_runs
+    runs = in_flight_records(context, recalc_drain_job.name, limit=max_runs)
     # One run drains until idle; a second one joins when the first cannot keep up, or takes over
     # when the first is about to spend its budget (so its end costs no tick + launch delay).
     if runs and (
-        len(runs) >= max_drain_runs()
+        len(runs) >= max_runs
         or (next_due > -OVERDUE_SECONDS and not all(_ending_soon(r) for r in runs))
     ):
         return dg.SkipReason(f"{len(runs)} drain run(s) already queued or running")

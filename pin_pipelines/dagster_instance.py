@@ -1,0 +1,46 @@
+"""The `dagster.yaml` that `pin serve` and `pin dev` install in DAGSTER_HOME: the repository's
+dagster.yaml plus the run-queue limit that a setting owns.
+
+PIN_RECALC_MAX_DRAIN_RUNS caps concurrent drain runs twice: the sensor launches no more, and the
+QueuedRunCoordinator's tag limit admits no more (runs launched by hand from the UI included).
+Dagster reads a tag limit as a plain integer (no `env:` source, unlike the storage URL), so the
+limit is written into the installed copy from the setting; the repository file holds none, which
+would be a second value for the same knob.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pin_pipelines.config import SOURCE_ROOT, Settings
+from pin_pipelines.defs.recalc.jobs import DRAIN_JOB_TAGS
+
+TEMPLATE = SOURCE_ROOT / "dagster.yaml"
+
+HEADER = (
+    f"# Written by `pin serve` / `pin dev` from {TEMPLATE} and PIN_RECALC_MAX_DRAIN_RUNS;\n"
+    "# edit those instead: this file is rewritten at each start.\n"
+)
+
+
+def instance_config(settings: Settings) -> dict[str, Any]:
+    """The repository's dagster.yaml with the drain runs' tag limit from the settings."""
+    config: dict[str, Any] = yaml.safe_load(TEMPLATE.read_text())
+    runs = config["concurrency"]["runs"]
+    runs["tag_concurrency_limits"] = [
+        *(runs.get("tag_concurrency_limits") or []),
+        *(
+            {"key": key, "value": value, "limit": settings.recalc_max_drain_runs}
+            for key, value in DRAIN_JOB_TAGS.items()
+        ),
+    ]
+    return config
+
+
+def write_instance_yaml(settings: Settings, target: Path) -> None:
+    """Install `instance_config` at `target` (comments are not kept: the header says where the
+    commented original is)."""
+    target.write_text(HEADER + yaml.safe_dump(instance_config(settings), sort_keys=False))

@@ -1,0 +1,5 @@
+"""Housekeeping of the Dagster instance: retention of finished runs (issue 15)."""
+
+from pin_pipelines.housekeeping.retention import PruneSummary, RetentionPolicy, prune_runs
+
+__all__ = ["PruneSummary", "RetentionPolicy", "prune_runs"]

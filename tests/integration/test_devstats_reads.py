@@ -1,0 +1,196 @@
+"""Spec 003's reads of dim_layout_group on both ClickHouse engines (issue 13): scoped by developer
+and, optionally, project (`WHERE DeveloperId = actor AND ProjectId = … AND LayoutGroupId = …`),
+and the current row of a group whose two versions share an UpsertedAt.
+
+Rows go in through the loader's own write (`insert_events`), one insert per version as the loader
+does; the groups are fresh UUIDs, so the shared server's table needs no cleaning.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickhouse
+from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
+from pin_pipelines.devstats.events import parse_event
+from tests.integration.clickhouse_fixtures import server_url
+from tests.support.cli import run_pin, summary
+from tests.support.devstats import BASE_TIME, Group, physical_rows
+
+TABLE = "pin_dev_stats.dim_layout_group"
+
+
+def store(ch: ClickHouse, group: Group, version: int, **overrides: Any) -> None:
+    """One version of `group` written as the loader writes it (`overrides` as in Group.event)."""
+    insert_events(ch, [parse_event(json.dumps(group.event(version, **overrides)).encode())])
+
+
+def iso(moment: datetime) -> str:
+    """An event's CreatedAt: ISO-8601 UTC with milliseconds."""
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --- project scope ----------------------------------------------------------------------------
+
+
+def test_labels_and_groups_filter_the_project_of_the_current_row(clickhouse: ClickHouse) -> None:
+    """One developer with groups in projects P and Q, plus another developer's group in P.
+    Tried: labels and groups with project P, with project Q and without a project. A group of
+    Q, another developer's group and a missing id are labelled with their id under P; a group
+    whose NEWEST row moved it from P to Q counts as Q's (its old P row does not leak its old
+    name), one moved from Q into P counts as P's."""
+    developer, project_p, project_q = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    in_p = Group(developer, project_p)
+    also_in_p = Group(developer, project_p)
+    in_q = Group(developer, project_q)
+    moved_out = Group(developer, project_p)  # v1 in P, v2 in Q
+    moved_in = Group(developer, project_q)  # v1 in Q, v2 in P
+    theirs = Group(project_id=project_p)
+    missing = uuid.uuid4()
+    store(clickhouse, in_p, 1, SortOrder=2)
+    store(clickhouse, also_in_p, 1, SortOrder=1)
+    store(clickhouse, in_q, 1)
+    store(clickhouse, moved_out, 1)
+    store(clickhouse, moved_out, 2, ProjectId=str(project_q))
+    store(clickhouse, moved_in, 1)
+    store(clickhouse, moved_in, 2, ProjectId=str(project_p), SortOrder=3)
+    store(clickhouse, theirs, 1)
+    ids = [in_p.id, also_in_p.id, in_q.id, moved_out.id, moved_in.id, theirs.id, missing]
+
+    assert labels(clickhouse, developer, ids, project_p) == {
+        str(in_p.id): "Студии v1",
+        str(also_in_p.id): "Студии v1",
+        str(in_q.id): str(in_q.id),  # another project: the id, like a missing row
+        str(moved_out.id): str(moved_out.id),  # its current row is in Q
+        str(moved_in.id): "Студии v2",
+        str(theirs.id): str(theirs.id),  # another developer, even in the same project
+        str(missing): str(missing),
+    }
+    assert labels(clickhouse, developer, ids, project_q) == {
+        **{str(gid): str(gid) for gid in ids},
+        str(in_q.id): "Студии v1",
+        str(moved_out.id): "Студии v2",
+    }
+    assert labels(clickhouse, developer, ids) == {
+        **{str(gid): str(gid) for gid in (theirs.id, missing)},
+        str(in_p.id): "Студии v1",
+        str(also_in_p.id): "Студии v1",
+        str(in_q.id): "Студии v1",
+        str(moved_out.id): "Студии v2",
+        str(moved_in.id): "Студии v2",
+    }
+
+    in_project_p = groups(clickhouse, developer, project_p)
+    assert [g.layout_group_id for g in in_project_p] == [also_in_p.id, in_p.id, moved_in.id]
+    assert {g.project_id for g in in_project_p} == {project_p}
+    assert [g.layout_group_id for g in groups(clickhouse, developer, project_q)] == [
+        in_q.id,  # SortOrder 10
+        moved_out.id,  # SortOrder 20 (its v2)
+    ]
+    assert len(groups(clickhouse, developer)) == 5
+    assert groups(clickhouse, theirs.developer_id, project_q) == []
+
+
+def test_cli_labels_take_a_project_id(clickhouse_server_url: str) -> None:
+    """`pin devstats labels --developer-id D --ids A,B --project-id P` as a user runs it (on the
+    Debian server, which a subprocess can share with this one): A in P gets its name, B of
+    another project of D its id; without --project-id both get their names."""
+    developer, project = uuid.uuid4(), uuid.uuid4()
+    mine, elsewhere = Group(developer, project), Group(developer)
+    with open_clickhouse(clickhouse_server_url) as ch:
+        store(ch, mine, 1)
+        store(ch, elsewhere, 1, Name="Люкс с видом на море")
+    args = [
+        "devstats",
+        "labels",
+        "--developer-id",
+        str(developer),
+        "--ids",
+        f"{mine.id},{elsewhere.id}",
+    ]
+    env = {"PIN_CLICKHOUSE_URL": clickhouse_server_url}
+
+    assert summary(run_pin(*args, "--project-id", str(project), env=env)) == {
+        str(mine.id): "Студии v1",
+        str(elsewhere.id): str(elsewhere.id),
+    }
+    assert summary(run_pin(*args, env=env)) == {
+        str(mine.id): "Студии v1",
+        str(elsewhere.id): "Люкс с видом на море",
+    }
+
+
+# --- UpsertedAt ties --------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["embedded", "server"])
+def unmerged(request: pytest.FixtureRequest) -> Iterator[ClickHouse]:
+    """A migrated dimension whose background merges are stopped while the test runs, so two
+    rows of one group stay two rows while it reads them (a merge would keep one and hide the
+    tie): the session's embedded engine, or a private Debian 18.16 server (the shared server's
+    merges are not ours to stop)."""
+    if request.param == "embedded":
+        url = str(request.getfixturevalue("chdb_url"))
+    else:
+        url = server_url(request.getfixturevalue("private_clickhouse_server"))
+    with open_clickhouse(url) as ch:
+        migrate_clickhouse(ch)
+        ch.command(f"SYSTEM STOP MERGES {TABLE}")
+        try:
+            yield ch
+        finally:
+            ch.command(f"SYSTEM START MERGES {TABLE}")
+
+
+@pytest.mark.parametrize("order", [(1, 2), (2, 1)], ids=["loader-order", "reversed"])
+@pytest.mark.parametrize(
+    ("v1_at", "v2_at"),
+    [
+        pytest.param(BASE_TIME, BASE_TIME, id="same-millisecond"),
+        pytest.param(
+            BASE_TIME + timedelta(milliseconds=100),
+            BASE_TIME + timedelta(milliseconds=900),
+            id="same-second",  # a tie on 18.16 only, whose UpsertedAt is a DateTime
+        ),
+    ],
+)
+def test_the_higher_source_version_wins_a_tie_in_every_read(
+    unmerged: ClickHouse, v1_at: datetime, v2_at: datetime, order: tuple[int, int]
+) -> None:
+    """Versions 1 and 2 of one group stamped in the same millisecond (a tie on both engines),
+    or 100 and 900 ms into the same second (a tie where UpsertedAt has whole seconds), stored
+    by two inserts: in the loader's order (its version guard never lets an older version follow
+    a newer one), and reversed (a writer racing the guard). Tried: every read of the dimension
+    (labels, groups, current_rows, the loader's stored_versions) while both rows are stored.
+    Each returns version 2. Without the SourceVersion tie-break, the row argMax(…, UpsertedAt)
+    returns depends on the order it happens to read the parts in: version 1 in some cases of
+    every run."""
+    group = Group()
+    versions = {
+        1: {"CreatedAt": iso(v1_at), "SortOrder": 1},
+        2: {"CreatedAt": iso(v2_at), "SortOrder": 2, "IsArchived": True},
+    }
+    for version in order:
+        store(unmerged, group, version, **versions[version])
+
+    assert labels(unmerged, group.developer_id, [group.id], group.project_id) == {
+        str(group.id): "Студии v2"
+    }
+    [row] = groups(unmerged, group.developer_id)
+    assert (row.name, row.sort_order, row.is_archived, row.source_version) == (
+        "Студии v2",
+        2,
+        True,
+        2,
+    )
+    current = [r for r in unmerged.rows(QUERIES["current_rows"]) if r[0] == group.id]
+    assert current == [(group.id, group.project_id, group.developer_id, "Студии v2", 2, 1, 2)]
+    assert stored_versions(unmerged, [group.id]) == {group.id.int: 2}
+    # Both rows were there for every read above (merges are stopped): the tie was real.
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
