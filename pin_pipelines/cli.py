@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any, NoReturn
 from uuid import UUID
 
@@ -90,9 +88,11 @@ def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
+    """SIGTERM/SIGINT finish the project in hand; the rest of the batch stays queued."""
     from pin_pipelines.chessboard.drain import drain_tick
+    from pin_pipelines.signals import stop_requested
 
-    stop = _graceful_stop()
+    stop = stop_requested()
     _summary(drain_tick(settings.pg_dsn, batch_size=args.batch_size, should_stop=stop).as_dict())
 
 
@@ -101,19 +101,6 @@ def cmd_recalc_requeue(args: argparse.Namespace, settings: Settings) -> None:
 
     requeue_poisoned(settings.pg_dsn, args.project_id)
     _summary({"requeued": str(args.project_id)})
-
-
-def _graceful_stop() -> Callable[[], bool]:
-    """SIGTERM/SIGINT finish the project in hand; the rest of the batch stays queued."""
-    stopping = False
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return lambda: stopping
 
 
 # --- outbox, devstats, reconcile -------------------------------------------------------------
@@ -138,7 +125,7 @@ def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
     if not args.ids:
         raise PinError("--ids needs at least one UUID")
     with open_clickhouse(settings.clickhouse_url) as ch:
-        _summary(labels(ch, args.developer_id, args.ids))
+        _summary(labels(ch, args.developer_id, args.ids, args.project_id))
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
@@ -228,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     labels = devstats.add_parser("labels", help="layout-group labels for one developer")
     labels.add_argument("--developer-id", type=_uuid, required=True)
     labels.add_argument("--ids", type=_uuid_list, required=True)
+    labels.add_argument(
+        "--project-id", type=_uuid, help="only groups of this project; others get their id"
+    )
     labels.set_defaults(handler=cmd_devstats_labels)
 
     reconcile = sub.add_parser("reconcile", help="drift report (and repair)")

@@ -11,18 +11,21 @@ import time
 from pathlib import Path
 
 from pin_pipelines.config import SOURCE_ROOT, Settings, dsn_with_dbname
+from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
+from pin_pipelines.signals import default_stop_signals, stop_requested
 
 
 def prepare_dagster_home(settings: Settings) -> dict[str, str]:
-    """DAGSTER_HOME holds a copy of the repository's dagster.yaml; returns the child environment."""
+    """DAGSTER_HOME gets the repository's dagster.yaml with the drain runs' limit from the
+    settings (dagster_instance.py); returns the child environment. A DAGSTER_HOME that is the
+    repository itself keeps its dagster.yaml as it is: then the sensor alone applies the limit."""
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
-    source = SOURCE_ROOT / "dagster.yaml"
     target = home / "dagster.yaml"
-    if source.resolve() != target.resolve():
-        shutil.copyfile(source, target)
+    if TEMPLATE.resolve() != target.resolve():
+        write_instance_yaml(settings, target)
     # Fail here, clearly, rather than in two child processes' tracebacks.
     connect(dsn_with_dbname(settings.pg_dsn, "dagster")).close()
     return {
@@ -52,7 +55,13 @@ def _ui_args(settings: Settings) -> list[str]:
 
 
 def serve(settings: Settings) -> None:
+    """Run both until SIGTERM or SIGINT (then stop them), or until one of them exits.
+
+    The handlers go in before the children start, so the children start with SIGTERM and SIGINT
+    at their defaults even when this process inherited them ignored (see pin_pipelines.signals).
+    """
     env = prepare_dagster_home(settings)
+    stopping = stop_requested()
     commands = {
         "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
         "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
@@ -65,16 +74,8 @@ def serve(settings: Settings) -> None:
         f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops both",
         file=sys.stderr,
     )
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        while not stopping and all(child.poll() is None for child in children.values()):
+        while not stopping() and all(child.poll() is None for child in children.values()):
             time.sleep(0.5)
     finally:
         for child in children.values():
@@ -85,7 +86,7 @@ def serve(settings: Settings) -> None:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
-    if not stopping:
+    if not stopping():
         for name, child in children.items():
             if child.returncode not in (None, 0, -signal.SIGTERM):
                 raise PinError(f"{name} exited with code {child.returncode}")
@@ -97,4 +98,5 @@ def dagster_dev(settings: Settings) -> None:
     env = prepare_dagster_home(settings)
     argv = [_bin("dagster"), "dev", *_ui_args(settings)]
     os.chdir(SOURCE_ROOT)
+    default_stop_signals()
     os.execve(argv[0], argv, env)

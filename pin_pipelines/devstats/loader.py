@@ -6,6 +6,9 @@ messages are set aside for the DLQ, duplicates of a group reduced to the highest
 versions of the batch's groups read in one query, the newer events inserted in one insert, the bad
 messages produced to the DLQ, and only then the batch's offsets committed. A crash anywhere before
 the commit replays the batch, and the version guard makes the replay a no-op for what was applied.
+A message is unreadable when its value is not a contract event or its key is not the event's Id.
+Reads are read_committed (the relay writes in Kafka transactions); a partition read to its end has
+that end committed, past the transaction markers that no message stands for.
 
 The insert is sent, and its answer awaited only after the next batch is consumed and decoded: the
 server stores one batch while this process decodes the next. Nothing else changes order: a batch's
@@ -32,7 +35,7 @@ from pin_pipelines.devstats.events import (
     BadEvent,
     LayoutGroupUpserted,
     newest_per_group,
-    parse_event,
+    parse_message,
 )
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, while_settling
@@ -42,6 +45,7 @@ log = logging.getLogger("pin_pipelines.devstats")
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
+CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,10 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": True,
+            # The relay writes in Kafka transactions: only committed events may reach the
+            # dimension, never those of an aborted or still open transaction. librdkafka's default
+            # already, stated because the loader's correctness depends on it.
+            "isolation.level": "read_committed",
             # A short fetch long-poll: offset requests for the lag queue behind a pending fetch.
             "fetch.wait.max.ms": 100,
             # librdkafka spaces its connection attempts by half of this backoff: with the default
@@ -158,7 +166,7 @@ def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
     bad: list[tuple[Message, str]] = []
     for msg in messages:
         try:
-            events.append(parse_event(msg.value()))
+            events.append(parse_message(msg.key(), msg.value()))
         except BadEvent as exc:
             bad.append((msg, str(exc)))
     return _Batch(newest_per_group(events), bad, ends, len(messages), len(events))
@@ -223,7 +231,9 @@ class _Cycle:
         """Poll until every partition reached its start watermark or the deadline passed.
 
         Asking `consume` for no more than is left makes it return as soon as that has arrived,
-        instead of waiting out its timeout for a full batch.
+        instead of waiting out its timeout for a full batch. What is left can be overcounted
+        (transaction markers take offsets and are never handed out), so the timeout is short: it
+        bounds the wait at a partition's end, and a call that returns early only loops.
         """
         pending = dict(ends)
         try:
@@ -236,10 +246,11 @@ class _Cycle:
         batch: list[Message] = []
         batch_ends: dict[int, int] = {}  # partition → offset after the batch's last message
         batch_started = 0.0
+        reached: dict[int, int] = {}  # partition → where it was finished: all below is read
         while pending and time.monotonic() < deadline:
             left = sum(pending[p] - nexts[p] for p in pending)
             wanted = max(1, min(self.options.batch_size - len(batch), left))
-            for msg in self.consumer.consume(num_messages=wanted, timeout=1.0):
+            for msg in self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT):
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
@@ -251,6 +262,8 @@ class _Cycle:
                     batch.append(msg)
                     nexts[p] = batch_ends[p] = offset + 1
                 if err is not None or offset + 1 >= pending[p]:
+                    # An end-of-partition event carries the end; a newer message, its own offset.
+                    reached[p] = offset if err is not None or offset >= pending[p] else offset + 1
                     del pending[p]
                     self.consumer.pause([TopicPartition(self.options.topic, p)])
             full = len(batch) >= self.options.batch_size
@@ -261,6 +274,19 @@ class _Cycle:
         if batch:
             self._next(_decode(batch, batch_ends))
         self._settle_in_flight()
+        self._skip_undelivered(reached)
+
+    def _skip_undelivered(self, reached: dict[int, int]) -> None:
+        """Every batch is stored: a finished partition's offset moves to where it was finished.
+
+        A read_committed consumer is never handed a transaction's commit or abort marker nor an
+        aborted transaction's events, yet they take offsets; committing only past the last loaded
+        event would leave them as lag that every cycle reads again (a marker ends every
+        transaction of the relay).
+        """
+        for p, end in reached.items():
+            if end > self.applied.get(p, -1):
+                self.applied[p] = end
 
     def _commit_applied(self, *, asynchronous: bool) -> None:
         """Commit what is stored: asynchronously after each batch (a lost commit only replays

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -15,11 +16,13 @@ from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
 from pin_pipelines.logs import log_event
 from pin_pipelines.metrics.collector import PinCollector, sources
+from pin_pipelines.signals import stop_requested
 
 log = logging.getLogger("pin_pipelines.metrics")
 
 # Loopback unless told otherwise: PIN_METRICS_ADDR=0.0.0.0 lets a remote Prometheus scrape.
 DEFAULT_ADDR = "127.0.0.1"
+STOP_POLL_SECONDS = 0.2  # how soon SIGTERM/SIGINT stops the exporter
 
 
 def registry_for(settings: Settings) -> CollectorRegistry:
@@ -55,14 +58,21 @@ def start_metrics_server(settings: Settings, port: int, addr: str = DEFAULT_ADDR
 
 
 def serve_metrics(settings: Settings, port: int, addr: str | None = None) -> None:
-    """Serve until interrupted. PostgreSQL is checked first: an exporter started against a wrong
-    PIN_PG_DSN fails now, with one line, instead of serving `pin_metrics_source_up 0` forever.
-    Later outages of any source are reported per scrape."""
+    """Serve until SIGTERM or SIGINT, then close the socket and return (exit status 0).
+
+    PostgreSQL is checked first: an exporter started against a wrong PIN_PG_DSN fails now, with
+    one line, instead of serving `pin_metrics_source_up 0` forever. Later outages of any source
+    are reported per scrape. The signals are handled here, not left to Python's defaults, which
+    an inherited SIG_IGN disables (see pin_pipelines.signals); the main thread polls the flag,
+    since a handler must not take the locks a waiting `threading.Event` holds.
+    """
+    stopping = stop_requested()
     connect(settings.pg_dsn).close()
     bind = addr or os.environ.get("PIN_METRICS_ADDR") or DEFAULT_ADDR
     metrics = start_metrics_server(settings, port, bind)
     log_event(log, "metrics_serving", url=f"http://{bind}:{metrics.port}/metrics")
     try:
-        threading.Event().wait()
+        while not stopping():
+            time.sleep(STOP_POLL_SECONDS)
     finally:
         metrics.close()

@@ -41,6 +41,13 @@ def read_pid(pidfile: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
+def _default_stop_signals() -> None:
+    """In the child before exec: an ignored SIGTERM/SIGINT is inherited across exec, and a service
+    started by a supervisor that ignores them could then only be stopped with SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_detached(
     argv: Sequence[str],
     *,
@@ -60,6 +67,7 @@ def start_detached(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            preexec_fn=_default_stop_signals,
         )
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid

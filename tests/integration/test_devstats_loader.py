@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pin_pipelines.clickhouse import (
     ClickHouse,
@@ -25,6 +25,7 @@ from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from tests.integration.clickhouse_fixtures import server_url, settings_for
+from tests.integration.test_devstats_dagster import end_offsets
 from tests.support.answer_cutter import AnswerCutter
 from tests.support.devstats import (
     Group,
@@ -237,6 +238,99 @@ def test_bad_input_goes_to_the_dlq_and_the_partition_keeps_flowing(
     assert load_once(loader_settings, loader_options).consumed == 0  # committed past them
 
 
+def test_a_message_not_keyed_by_its_id_goes_to_the_dlq_and_the_partition_keeps_flowing(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    """Valid events keyed otherwise than by their Id as a lowercase UUID string (contract section
+    4), between well-keyed ones, all on partition 0: no key, the Id in upper case, a key that is
+    not a UUID, another group's Id. Each is dead-lettered as it came, with its reason, and none
+    of their groups reaches the dimension; the events after them load."""
+    before, after = Group(), Group()
+    wrong: dict[str, tuple[Group, bytes | None]] = {
+        "no key": (Group(), None),
+        "upper case": (upper := Group(), str(upper.id).upper().encode()),
+        "not a UUID": (Group(), b"layout-group-1"),
+        "another group's Id": (Group(), str(before.id).encode()),
+    }
+    messages: list[tuple[bytes | None, bytes]] = [
+        (str(before.id).encode(), json.dumps(before.event(1)).encode())
+    ]
+    messages += [(key, json.dumps(group.event(1)).encode()) for group, key in wrong.values()]
+    messages += [(str(after.id).encode(), json.dumps(after.event(1)).encode())]
+    produce(kafka_bootstrap, loader_options.topic, messages, partition=0)
+
+    summary = load_once(loader_settings, loader_options)
+    assert (summary.consumed, summary.inserted, summary.dead_lettered) == (6, 2, 4)
+    assert summary.lag == {0: 0, 1: 0, 2: 0}
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group)[0] == 6
+    for group in (before, after):
+        assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
+    for group, _ in wrong.values():
+        assert physical_rows(clickhouse, group.id) == []
+    assert physical_rows(clickhouse, before.id) == [(1, "Студии v1")]  # not the impostor's
+
+    dead = sorted(
+        read_all(kafka_bootstrap, loader_options.dlq_topic),
+        key=lambda m: int(m.headers["source-offset"]),
+    )
+    assert [(m.key, m.value) for m in dead] == messages[1:-1]  # as they came
+    errors = {kind: m.headers["error"] for kind, m in zip(wrong, dead, strict=True)}
+    for kind, (group, _) in wrong.items():
+        assert f"is not the event's Id '{group.id}' (lowercase UUID)" in errors[kind], kind
+    assert errors["no key"].startswith("no key ")
+    assert errors["upper case"].startswith(f"key '{str(wrong['upper case'][0].id).upper()}' ")
+    assert errors["not a UUID"].startswith("key 'layout-group-1' ")
+    assert errors["another group's Id"].startswith(f"key '{before.id}' ")
+    assert [m.headers["source-offset"] for m in dead] == ["1", "2", "3", "4"]
+
+
+def test_only_committed_transactions_load_and_their_markers_leave_no_lag(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+) -> None:
+    """The relay writes in Kafka transactions. Tried: one committed transaction (two groups), then
+    an aborted one (a third group, and a newer version of the first). The loader reads
+    read_committed, so only the committed events load; and its offsets move past the commit and
+    abort markers and the aborted events, which it is never handed: no lag is left, and the next
+    cycle has nothing to read (before, each marker stayed as lag forever)."""
+    kept, also_kept, aborted = Group(), Group(), Group()
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": loader_options.group}
+    )
+    producer.init_transactions(15)
+    for events, commit in (
+        ([kept.event(1), also_kept.event(1)], True),
+        ([aborted.event(1), kept.event(2)], False),
+    ):
+        producer.begin_transaction()
+        for event in events:
+            producer.produce(loader_options.topic, json.dumps(event), event["Id"])
+        assert producer.flush(15) == 0
+        if commit:
+            producer.commit_transaction(15)
+        else:
+            producer.abort_transaction(15)
+
+    assert counts(loader_settings, loader_options) == {
+        "consumed": 2,
+        "inserted": 2,
+        "skipped_stale": 0,
+        "dead_lettered": 0,
+    }
+    assert labels(clickhouse, kept.developer_id, [kept.id]) == {str(kept.id): "Студии v1"}
+    assert physical_rows(clickhouse, aborted.id) == []
+    ends = {p: end for p, end in end_offsets(kafka_bootstrap, loader_options.topic).items() if end}
+    offsets = committed(kafka_bootstrap, loader_options.topic, loader_options.group)
+    assert {p: offsets[p] for p in ends} == ends  # past the markers; empty partitions untouched
+    again = load_once(loader_settings, loader_options)
+    assert (again.consumed, again.batches, set(again.lag.values())) == (0, 0, {0})
+
+
 def test_clickhouse_down_mid_run_commits_nothing_then_recovers(
     private_clickhouse_server: LocalClickHouseServer,
     loader_options: LoadOptions,
@@ -289,7 +383,7 @@ def test_a_lost_answer_to_a_sent_insert_is_retried_and_applied_once(
     history = [Group() for _ in range(30)]
     produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in history])
 
-    real_insert, cuts = loader.insert_events, []
+    real_insert, cuts = loader.insert_events, list[int]()
 
     def insert_then_lose_the_answer(ch: ClickHouse, events: Any) -> int:
         sent = real_insert(ch, events)

@@ -4,6 +4,7 @@ of the exporter, and the dimension loader's offsets, lag and freshness read from
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -172,7 +173,8 @@ def test_counters_survive_an_exporter_restart(
 
 
 def test_pin_metrics_serve_command(metrics_db: psycopg.Connection, pg_dsn: str) -> None:
-    """The operator's entry point: `pin metrics serve --port` in its own process."""
+    """The operator's entry point: `pin metrics serve --port` in its own process, stopped by
+    SIGTERM with exit status 0 (one that ignores SIGTERM is killed, and the test fails)."""
     port = free_port()
     process = start_pin(pg_dsn, "metrics", "serve", "--port", str(port))
     try:
@@ -189,7 +191,13 @@ def test_pin_metrics_serve_command(metrics_db: psycopg.Connection, pg_dsn: str) 
         assert value(samples, "chessboard_recalc_queue_depth") == 0
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise AssertionError("the exporter was still running 10 s after SIGTERM") from None
+    assert process.returncode == 0, stderr
 
 
 def test_pin_metrics_serve_fails_in_one_line_without_postgres() -> None:

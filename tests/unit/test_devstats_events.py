@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from pin_pipelines.devstats.events import BadEvent, newest_per_group, parse_event
+from pin_pipelines.devstats.events import BadEvent, newest_per_group, parse_event, parse_message
+
+ID = str(uuid.uuid4())
 
 
 def event(**changes: Any) -> dict[str, Any]:
@@ -78,3 +80,36 @@ def test_duplicates_in_a_batch_reduce_to_the_highest_version_first_on_a_tie() ->
     ]
     [newest] = newest_per_group(events).values()
     assert (newest.version, newest.name) == (5, "b")
+
+
+def test_a_message_keyed_by_its_id_as_a_lowercase_uuid_is_read() -> None:
+    raw = event(Id=str(uuid.uuid4()).upper())  # the value may spell it any way msgspec reads
+    parsed = parse_message(raw["Id"].lower().encode(), json.dumps(raw).encode())
+    assert parsed.id == uuid.UUID(raw["Id"])
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        (None, "no key is not the event's Id"),
+        (b"", "key '' is not the event's Id"),
+        (ID.upper().encode(), f"key '{ID.upper()}' is not the event's Id '{ID}' (lowercase UUID)"),
+        (ID.replace("-", "").encode(), f"key '{ID.replace('-', '')}' is not"),
+        (f"{{{ID}}}".encode(), f"key '{{{ID}}}' is not"),
+        (f"{ID} ".encode(), f"key '{ID} ' is not"),
+        (str(uuid.uuid4()).encode(), f"is not the event's Id '{ID}'"),
+        (b"\xff" * 200, "key '" + "\ufffd" * 80 + "' is not"),
+    ],
+)
+def test_a_message_keyed_otherwise_is_refused_with_its_reason(
+    key: bytes | None, reason: str
+) -> None:
+    with pytest.raises(BadEvent) as refused:
+        parse_message(key, json.dumps(event(Id=ID)).encode())
+    message = str(refused.value)
+    assert reason in message and "\n" not in message
+
+
+def test_a_bad_value_is_reported_before_a_bad_key() -> None:
+    with pytest.raises(BadEvent, match=r"^not JSON"):
+        parse_message(None, b"{not json")

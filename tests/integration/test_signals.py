@@ -1,0 +1,377 @@
+"""Issue 12, item 5: pin's long-running commands stop on SIGTERM and SIGINT even when started with
+both ignored, and the test suite neither ignores SIGTERM nor leaves a process behind.
+
+The baseline CI run left `pin metrics serve` running 14 minutes after it ended, with SigIgn
+0x1005006: pytest had been started with SIGINT and SIGQUIT ignored, a Dagster test's in-process
+execution copied SIGINT's disposition onto SIGTERM, and the exporter inherited both ignored.
+Every process here is started with SIGTERM and SIGINT ignored, as it was then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pin_pipelines.config import dsn_with_dbname
+from pin_pipelines.stack.process import free_port, pid_alive, port_open, start_detached
+from tests.support.chessboard import (
+    make_all_due,
+    make_building,
+    make_layout,
+    make_object,
+    make_project,
+)
+from tests.support.recalc import (
+    PIN,
+    REPO_ROOT,
+    last_json_line,
+    pin_env,
+    queued_projects,
+    sleeping_backends,
+    slow_recalc,
+)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL_IDS = [s.name for s in STOP_SIGNALS]
+
+
+def ignore_stop_signals() -> None:
+    """preexec_fn: what the leftover exporter inherited from its test process."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def ignores(pid: int) -> list[str]:
+    """Which of SIGTERM and SIGINT the process ignores, from its /proc status (should be none)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(r"^SigIgn:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    assert found, status
+    mask = int(found[1], 16)
+    return [s.name for s in STOP_SIGNALS if mask >> (s - 1) & 1]
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def answers_http(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Started:
+    """A `pin` process; its output goes to files, which a chatty child cannot fill up."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, signum: signal.Signals, timeout: float) -> float:
+        """Send `signum`; the seconds until the process exited (fails after `timeout`)."""
+        sent = time.monotonic()
+        self.process.send_signal(signum)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {timeout:.0f} s after {signum.name}") from None
+        return time.monotonic() - sent
+
+
+@pytest.fixture
+def ignoring_pin(tmp_path: Path) -> Iterator[Callable[..., Started]]:
+    """Starts `pin …` with SIGTERM and SIGINT ignored; kills and reaps each one (and its
+    children) at the end, whatever the test did."""
+    started: list[Started] = []
+
+    def start(*args: str, env: dict[str, str]) -> Started:
+        out, err = tmp_path / f"pin-{len(started)}.out", tmp_path / f"pin-{len(started)}.err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            process = subprocess.Popen(
+                [PIN, *args],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                preexec_fn=ignore_stop_signals,
+            )
+        started.append(Started(process, out, err))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for pin in started:
+            for child in children_of(pin.process.pid):
+                os.kill(child, signal.SIGKILL)
+            pin.process.kill()
+            pin.process.wait()
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=SIGNAL_IDS)
+def test_the_exporter_stops_promptly_even_when_started_with_the_signal_ignored(
+    pg_dsn: str, ignoring_pin: Callable[..., Started], signum: signal.Signals
+) -> None:
+    """Tried: `pin metrics serve` started with SIGTERM and SIGINT ignored, serving; then one of
+    them. It handles both itself, so it exits 0 within a few seconds and its port is closed."""
+    port = free_port()
+    exporter = ignoring_pin("metrics", "serve", "--port", str(port), env=pin_env(pg_dsn))
+    url = f"http://127.0.0.1:{port}/metrics"
+    wait_for(lambda: not exporter.alive() or answers_http(url), 30, "the exporter")
+    assert exporter.alive(), exporter.stderr
+    assert ignores(exporter.process.pid) == []  # its handlers replaced the inherited SIG_IGN
+
+    took = exporter.stop(signum, timeout=5)
+    assert exporter.process.returncode == 0, exporter.stderr
+    assert took < 3, took
+    assert not port_open("127.0.0.1", port)
+
+
+def test_a_drain_stops_after_the_project_in_hand_even_when_started_with_sigterm_ignored(
+    db: psycopg.Connection, pg_dsn: str, ignoring_pin: Callable[..., Started]
+) -> None:
+    """Tried: `pin recalc drain --once` over three due projects whose recalc sleeps 1 s each,
+    started with SIGTERM and SIGINT ignored, gets SIGTERM inside the first project's recalc. It
+    finishes that project and exits 0 with stopped_early; the other two stay queued."""
+    for price in (100, 200, 300):
+        project = make_project(db)
+        layout = make_layout(db, project, None, 42)
+        make_object(db, project, make_building(db, project), layout, status="Free", price=price)
+    make_all_due(db)
+    with slow_recalc(db, 1.0):
+        drain = ignoring_pin("recalc", "drain", "--once", env=pin_env(pg_dsn))
+        wait_for(lambda: sleeping_backends(db) == 1, 20, "the drain to be inside a recalc")
+        took = drain.stop(signal.SIGTERM, timeout=10)
+    assert drain.process.returncode == 0, drain.stderr
+    summary = last_json_line(drain.stdout)
+    assert (summary["stopped_early"], summary["processed"], summary["failed"]) == (True, 1, 0)
+    assert took < 5, took
+    assert len(queued_projects(db)) == 2
+
+
+@pytest.fixture
+def serve_env(db: psycopg.Connection, pg_dsn: str, tmp_path: Path) -> dict[str, str]:
+    """`pin serve` on an instance of this test alone: its own Dagster storage database, state
+    folder, port and embedded ClickHouse folder; Kafka points at a closed port, so the shipped
+    sensors can never touch the shared broker's topics or consumer groups. The queue is empty
+    (`db`), so no drain run starts either."""
+    storage = f"{pg_dsn.rsplit('/', 1)[1]}_dagster"
+    with psycopg.connect(dsn_with_dbname(pg_dsn, "postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{storage}"')
+    return {
+        **pin_env(pg_dsn),
+        "PIN_STATE_DIR": str(tmp_path / "state"),
+        "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",
+        "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+        "PIN_DAGSTER_PORT": str(free_port()),
+        "PIN_DAGSTER_PG_URL": dsn_with_dbname(pg_dsn, storage).replace(
+            "postgresql://", "postgresql+psycopg2://", 1
+        ),
+    }
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_pin_serve_and_pin_dev_stop_with_their_dagster_processes_even_when_started_ignoring_them(
+    serve_env: dict[str, str], ignoring_pin: Callable[..., Started], command: str
+) -> None:
+    """Tried: `pin serve` (and `pin dev`, which execs `dagster dev`) started with SIGTERM and
+    SIGINT ignored, the webserver answering; then SIGTERM. `pin serve` installs its handlers
+    before it starts dagster-daemon and dagster-webserver, and `pin dev` restores the defaults
+    before its exec, so no inherited SIG_IGN survives: none of the processes ignores either
+    signal, and all exit, the one started with 0."""
+    pin = ignoring_pin(command, env=serve_env)
+    url = f"http://127.0.0.1:{serve_env['PIN_DAGSTER_PORT']}/server_info"
+    wait_for(lambda: not pin.alive() or answers_http(url), 180, "the webserver")
+    assert pin.alive(), pin.stderr
+    processes = [pin.process.pid, *children_of(pin.process.pid)]
+    # pin (or dagster dev), the webserver, the daemon (and dagster dev's code server)
+    assert len(processes) >= 3, processes
+    assert {pid: ignores(pid) for pid in processes} == {pid: [] for pid in processes}
+
+    pin.stop(signal.SIGTERM, timeout=60)
+    assert pin.process.returncode == 0, pin.stderr
+    # dagster dev does not wait for its code server, which stops within a second or so.
+    wait_for(lambda: not any(pid_alive(pid) for pid in processes[1:]), 15, "the children")
+
+
+# --- the suite's own guards (tests/conftest.py), run on a small test file of their own ----------
+
+GUARDED = """
+import signal
+import subprocess
+
+import pytest
+
+
+def test_ignores_sigterm():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def test_leaves_a_process():
+    subprocess.Popen(["sleep", "600"])
+
+
+def test_waits_for_its_process():
+    subprocess.run(["true"], check=True)
+
+
+@pytest.fixture(scope="module")
+def module_process():
+    return subprocess.Popen(["sleep", "601"])  # never stopped
+
+
+def test_with_a_module_process(module_process):
+    pass
+"""
+
+DAGSTER_THEN_A_CHILD = """
+import subprocess
+
+import dagster as dg
+
+
+@dg.asset
+def one() -> int:
+    return 1
+
+
+def test_dagster_in_process():
+    assert dg.materialize([one]).success
+
+
+def test_a_child_started_afterwards_can_be_terminated():
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        status = open(f"/proc/{child.pid}/status").read()
+        child.terminate()
+        assert child.wait(timeout=5) == -15, status
+    finally:
+        child.kill()
+        child.wait()
+"""
+
+
+def run_guarded(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    """pytest in a subprocess, with tests/conftest.py as its plugin, started with SIGINT and
+    SIGQUIT ignored as CI started it."""
+    test_file = tmp_path / "test_guarded.py"
+    test_file.write_text(source)
+
+    def as_ci() -> None:
+        for signum in (signal.SIGINT, signal.SIGQUIT):
+            signal.signal(signum, signal.SIG_IGN)
+
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest"]
+    return subprocess.run(
+        [*argv, "--rootdir", str(tmp_path), str(test_file)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=as_ci,
+        check=False,
+    )
+
+
+def test_the_suite_fails_a_test_that_changes_a_signal_or_leaves_a_process_and_kills_it(
+    tmp_path: Path,
+) -> None:
+    """Tried, in a pytest of its own: a test that ignores SIGTERM, one that leaves `sleep 600`
+    running, one that waits for its process, and one whose module fixture leaves `sleep 601`
+    running. The first two fail by name, the third passes, the run fails at its end for the
+    fourth, and both sleeps are killed."""
+    result = run_guarded(tmp_path, GUARDED)
+    output = result.stdout + result.stderr
+    pids = {int(pid) for pid in re.findall(r"pid (\d+): sleep 60[01]", output)}
+    try:
+        assert result.returncode == 1, output
+        assert "test_ignores_sigterm left signal dispositions changed (restored): SIGTERM" in (
+            output
+        )
+        assert "test_leaves_a_process left processes alive (killed): pid " in output
+        assert "processes left alive at the end of the session (killed): pid " in output
+        assert "4 passed, 2 errors" in output, output
+        assert len(pids) == 2, output
+        assert not any(pid_alive(pid) for pid in pids)
+    finally:
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_dagster_in_process_no_longer_leaves_sigterm_ignored(tmp_path: Path) -> None:
+    """The CI sequence: pytest started with SIGINT ignored, a Dagster asset materialized in
+    process, then a test starts a child and terminates it. The child does not inherit SIGTERM
+    ignored, and the Dagster test is not flagged as changing a disposition."""
+    result = run_guarded(tmp_path, DAGSTER_THEN_A_CHILD)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
+
+
+def test_a_detached_service_stops_on_sigterm_even_when_its_starter_ignores_it(tmp_path):
+    """Tried: a service started by `start_detached` (as `pin stack up` starts Kafka and
+    PostgreSQL) from a process that ignores SIGTERM and SIGINT. The child gets both back at
+    their defaults before exec, so `pin stack down`'s SIGTERM stops it at once instead of
+    waiting out its grace period for a SIGKILL."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        pid = start_detached(
+            ["sleep", "60"], pidfile=tmp_path / "sleep.pid", logfile=tmp_path / "sleep.log"
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        mask = next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1]
+        assert not int(mask, 16) & (1 << (signal.SIGTERM - 1)), status
+        os.kill(pid, signal.SIGTERM)
+        _, code = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

@@ -1,0 +1,455 @@
+"""The Kubernetes deployment (deploy/, issue 18). Nothing here can start a cluster, so these tests
+hold the configuration to what Dagster itself accepts and to the repository's own instance:
+
+- deploy/k8s/dagster.yaml passes Dagster's instance config validation, and every configurable class
+  it names (K8sRunLauncher, QueuedRunCoordinator, the PostgreSQL storages, ...) imports and accepts
+  its `config:`; a misspelt key anywhere fails (the negative cases keep proving it).
+- deploy/helm/values.yaml renders that file: its sections are derived from the values the way the
+  chart's templates (dagster/dagster 1.13.27) write them, and compared.
+- The run queue limits, pools, retries, run monitoring and retention equal the repository's
+  dagster.yaml as `pin serve` installs it (pin_pipelines/dagster_instance.py), its drain limit
+  taken from the PIN_RECALC_MAX_DRAIN_RUNS that the values give the code server.
+- The code server and the run workers get the contract's settings, and the Dockerfile serves the
+  code location that the values, pyproject.toml and workspace.yaml name.
+
+No service is needed: everything is read from files and Dagster's schemas.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.metadata
+import importlib.util
+import json
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import dagster
+import pytest
+import yaml
+from dagster._config import Shape, process_config, resolve_to_config_type, validate_config
+from dagster._core.errors import DagsterInvalidConfigError
+from dagster._core.instance.config import dagster_instance_config, dagster_instance_config_schema
+from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster._serdes.config_class import (
+    ConfigurableClass,
+    ConfigurableClassData,
+    class_from_code_pointer,
+)
+from dagster_k8s import K8sRunLauncher
+
+from pin_pipelines.clickhouse import ServerAddress, parse_clickhouse_url
+from pin_pipelines.config import Settings
+from pin_pipelines.dagster_instance import instance_config
+
+REPO = Path(__file__).resolve().parents[2]
+VALUES = REPO / "deploy" / "helm" / "values.yaml"
+K8S_DIR = REPO / "deploy" / "k8s"
+INSTANCE = K8S_DIR / "dagster.yaml"
+ENV_MANIFEST = K8S_DIR / "pin-env.example.yaml"
+DOCKERFILE = REPO / "deploy" / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+
+#: The namespace the values' install command uses (`helm upgrade --install pin ... -n pin`): the
+#: chart fills the run launcher's job namespace from it.
+RELEASE_NAMESPACE = "pin"
+
+#: The instance sections that name a configurable class (`module`, `class`, `config`).
+CLASS_SECTIONS = (
+    "scheduler",
+    "run_storage",
+    "event_log_storage",
+    "schedule_storage",
+    "run_launcher",
+    "run_coordinator",
+    "compute_logs",
+)
+
+#: The sections the Kubernetes instance shares with the repository's dagster.yaml, value for value.
+SHARED_SECTIONS = ("concurrency", "retention", "run_retries", "telemetry")
+
+Config = dict[str, Any]
+
+
+def load_yaml(path: Path) -> Config:
+    loaded: Config = yaml.safe_load(path.read_text())
+    return loaded
+
+
+def configured_class(section: Mapping[str, Any]) -> type[ConfigurableClass]:
+    """The class a section names, resolved as the instance resolves it (`dagster.core.*` is the
+    public alias of `dagster._core.*`)."""
+    data = ConfigurableClassData(section["module"], section["class"], "{}\n")
+    klass = class_from_code_pointer(data.module_name, data.class_name)
+    assert issubclass(klass, ConfigurableClass), f"{klass} is not a configurable class"
+    return klass
+
+
+def validated_instance(base_dir: Path) -> Mapping[str, Any]:
+    """The dagster.yaml in `base_dir` through Dagster's own validation: the instance schema (which
+    takes any `config:` under a class), then each named class's schema, as the instance applies it
+    when it builds the object. Nothing is built: the launcher would look for a cluster, and
+    `env:` values stay unresolved."""
+    config, _ = dagster_instance_config(str(base_dir))
+    for name in CLASS_SECTIONS:
+        if name in config:
+            klass = configured_class(config[name])
+            section_config = config[name].get("config") or {}
+            result = validate_config(resolve_to_config_type(klass.config_type()), section_config)
+            if not result.success:
+                raise DagsterInvalidConfigError(
+                    f"Errors in the config of {name} ({klass.__name__}).",
+                    result.errors,
+                    section_config,
+                )
+    return config
+
+
+def names(refs: Iterable[Mapping[str, str]]) -> list[str]:
+    """The chart's `[{name: ...}]` references as the plain names the instance lists."""
+    return [ref["name"] for ref in refs]
+
+
+def snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def snake_keys(section: Mapping[str, Any]) -> Config:
+    """A flat values section with the instance's key names (`startTimeoutSeconds` →
+    `start_timeout_seconds`), nulls left out as the chart's templates leave them out."""
+    return {snake(key): value for key, value in section.items() if value is not None}
+
+
+def code_server(values: Mapping[str, Any]) -> Config:
+    """The one user deployment: the `pin_pipelines.definitions` code location."""
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    server: Config = deployment
+    return server
+
+
+def chart_instance(values: Mapping[str, Any]) -> Config:
+    """The instance config that the chart's templates (configmap-instance.yaml and
+    helpers/instance/*.tpl in dagster/dagster 1.13.27) write for these values, for every section
+    the values set; only the choices these values make are followed (K8sRunLauncher, the queued
+    coordinator, external PostgreSQL, no compute log capture)."""
+    fullname = values["fullnameOverride"]
+    postgres = values["postgresql"]
+    daemon = values["dagsterDaemon"]
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    assert daemon["runCoordinator"]["type"] == "QueuedRunCoordinator"
+    assert values["computeLogManager"]["type"] == "NoOpComputeLogManager"
+    assert not postgres["enabled"], "Dagster's storage is an external PostgreSQL"
+    assert values["retention"]["enabled"] and values["concurrency"]["enabled"]
+    assert daemon["runMonitoring"]["enabled"]
+    assert not any(daemon["runCoordinator"]["config"]["queuedRunCoordinator"].values()), (
+        "the run queue's limits belong under `concurrency` (the chart refuses both)"
+    )
+
+    storage = {
+        "postgres_db": {
+            "username": postgres["postgresqlUsername"],
+            "password": {"env": "DAGSTER_PG_PASSWORD"},
+            "hostname": postgres["postgresqlHost"],
+            "db_name": postgres["postgresqlDatabase"],
+            "port": postgres["service"]["port"],
+            "params": postgres["postgresqlParams"],
+            "scheme": postgres["postgresqlScheme"],
+        }
+    }
+    optional_launcher_lists = {
+        "env_vars": launcher["envVars"],
+        "volume_mounts": launcher["volumeMounts"],
+        "volumes": launcher["volumes"],
+    }
+    run_retries = {"enabled": daemon["runRetries"]["enabled"]}
+    if daemon["runRetries"]["maxRetries"]:  # the template drops a 0
+        run_retries["max_retries"] = daemon["runRetries"]["maxRetries"]
+    concurrency = values["concurrency"]
+    retention = values["retention"]
+    rendered: Config = {
+        "scheduler": {"module": "dagster.core.scheduler", "class": "DagsterDaemonScheduler"},
+        "run_storage": {
+            "module": "dagster_postgres.run_storage",
+            "class": "PostgresRunStorage",
+            "config": storage,
+        },
+        "event_log_storage": {
+            "module": "dagster_postgres.event_log",
+            "class": "PostgresEventLogStorage",
+            "config": storage,
+        },
+        "schedule_storage": {
+            "module": "dagster_postgres.schedule_storage",
+            "class": "PostgresScheduleStorage",
+            "config": storage,
+        },
+        "run_launcher": {
+            "module": "dagster_k8s",
+            "class": "K8sRunLauncher",
+            "config": {
+                "load_incluster_config": launcher["loadInclusterConfig"],
+                "job_namespace": launcher["jobNamespace"] or RELEASE_NAMESPACE,
+                "image_pull_policy": launcher["imagePullPolicy"],
+                "service_account_name": fullname,
+                "dagster_home": values["global"]["dagsterHome"],
+                "instance_config_map": f"{fullname}-instance",
+                "postgres_password_secret": values["global"]["postgresqlSecretName"],
+                "env_config_maps": names(launcher["envConfigMaps"]),
+                "env_secrets": names(launcher["envSecrets"]),
+                **{key: value for key, value in optional_launcher_lists.items() if value},
+                "resources": launcher["resources"],
+                "security_context": launcher["securityContext"],
+            },
+        },
+        "run_coordinator": {
+            "module": "dagster.core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+        },
+        "compute_logs": {
+            "module": "dagster.core.storage.noop_compute_log_manager",
+            "class": "NoOpComputeLogManager",
+        },
+        "run_monitoring": snake_keys(daemon["runMonitoring"]),
+        "run_retries": run_retries,
+        "telemetry": {"enabled": values["telemetry"]["enabled"]},
+        "retention": {
+            kind: {"purge_after_days": retention[kind]["purgeAfterDays"]}
+            for kind in ("sensor", "schedule")
+        },
+        "concurrency": {
+            "pools": snake_keys(concurrency["pools"]),
+            "runs": snake_keys(concurrency["runs"]),
+        },
+    }
+    for daemon_part in ("sensors", "schedules"):
+        if daemon[daemon_part]["useThreads"]:
+            rendered[daemon_part] = snake_keys(daemon[daemon_part])
+    return rendered
+
+
+def repository_instance(values: Mapping[str, Any]) -> Config:
+    """The repository's dagster.yaml as `pin serve` installs it, with the drain runs' limit from
+    the PIN_RECALC_MAX_DRAIN_RUNS the values give the code server."""
+    drain_runs = code_server(values)["env"]["PIN_RECALC_MAX_DRAIN_RUNS"]
+    return instance_config(Settings.from_env({"PIN_RECALC_MAX_DRAIN_RUNS": drain_runs}))
+
+
+def shared_sections(config: Mapping[str, Any]) -> Config:
+    """The SHARED_SECTIONS of an instance config with Dagster's defaults filled in, so a default
+    written out (`max_retries: 0`) equals one left out, and the run queue's tag limits in one
+    order (the queue applies them all)."""
+    subset = {name: config[name] for name in SHARED_SECTIONS}
+    result = process_config(Shape(dagster_instance_config_schema()), subset)
+    assert result.success, result.errors
+    assert result.value is not None
+    limits = result.value["concurrency"]["runs"]["tag_concurrency_limits"]
+    limits.sort(key=lambda limit: (limit["key"], limit.get("value") or ""))
+    return {name: result.value[name] for name in subset}
+
+
+def test_the_kubernetes_instance_passes_dagsters_validation() -> None:
+    """deploy/k8s/dagster.yaml through `dagster_instance_config` (the loader DagsterInstance
+    uses) and each class's own config schema; the run launcher is dagster-k8s' K8sRunLauncher
+    and the coordinator the QueuedRunCoordinator."""
+    config = validated_instance(K8S_DIR)
+
+    assert set(CLASS_SECTIONS) <= set(config)
+    assert issubclass(configured_class(config["run_launcher"]), K8sRunLauncher)
+    assert issubclass(configured_class(config["run_coordinator"]), QueuedRunCoordinator)
+
+
+def rename(*path: str, old: str, new: str) -> Callable[[Config], None]:
+    def mutate(config: Config) -> None:
+        parent = reduce(lambda node, key: node[key], path, config)
+        parent[new] = parent.pop(old)
+
+    return mutate
+
+
+def set_value(*path: str, key: str, value: object) -> Callable[[Config], None]:
+    def mutate(config: Config) -> None:
+        reduce(lambda node, part: node[part], path, config)[key] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reported"),
+    [
+        pytest.param(rename(old="retention", new="retension"), "retension", id="top-level"),
+        pytest.param(
+            rename("run_monitoring", old="poll_interval_seconds", new="poll_interval_second"),
+            "poll_interval_second",
+            id="run_monitoring",
+        ),
+        pytest.param(
+            rename("concurrency", "runs", old="tag_concurrency_limits", new="tag_limits"),
+            "tag_limits",
+            id="run-queue-limits",
+        ),
+        pytest.param(
+            set_value("concurrency", "pools", key="granularity", value="ops"),
+            "granularity",
+            id="pool-granularity",
+        ),
+        pytest.param(
+            rename("run_launcher", "config", old="env_config_maps", new="env_configmaps"),
+            "env_configmaps",
+            id="k8s-run-launcher",
+        ),
+        pytest.param(
+            rename("run_storage", "config", "postgres_db", old="hostname", new="host"),
+            "host",
+            id="postgres-storage",
+        ),
+        pytest.param(
+            set_value("run_coordinator", key="config", value={"max_concurrent_run": 6}),
+            "max_concurrent_run",
+            id="queued-run-coordinator",
+        ),
+    ],
+)
+def test_a_broken_key_fails_dagsters_validation(
+    tmp_path: Path, mutate: Callable[[Config], None], reported: str
+) -> None:
+    """The shipped file with one key misspelt (or one value wrong) in a copy: the validation above
+    raises DagsterInvalidConfigError naming it. The unchanged copy passes, so the failure is the
+    mutation's."""
+    config = load_yaml(INSTANCE)
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+    validated_instance(tmp_path)
+
+    mutate(config)
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(DagsterInvalidConfigError) as failure:
+        validated_instance(tmp_path)
+    assert reported in str(failure.value)
+
+
+def test_the_helm_values_render_the_kubernetes_instance() -> None:
+    """Every section of deploy/k8s/dagster.yaml equals what the chart writes for
+    deploy/helm/values.yaml, and it holds no other section."""
+    assert load_yaml(INSTANCE) == chart_instance(load_yaml(VALUES))
+
+
+def test_the_kubernetes_instance_keeps_the_repository_limits() -> None:
+    """Run queue limits (the drain limit included), pools, retries, telemetry and tick retention
+    equal the repository's instance, defaults filled in; run monitoring keeps every repository
+    value (Kubernetes adds settings the local instance does not need); same coordinator."""
+    values = load_yaml(VALUES)
+    repository = repository_instance(values)
+    kubernetes = load_yaml(INSTANCE)
+
+    assert shared_sections(kubernetes) == shared_sections(repository)
+    assert repository["run_monitoring"].items() <= kubernetes["run_monitoring"].items()
+    assert configured_class(repository["run_coordinator"]) is configured_class(
+        kubernetes["run_coordinator"]
+    )
+    drain = {"key": "pin/job", "value": "recalc_drain"}
+    (drain_limit,) = [
+        limit["limit"]
+        for limit in kubernetes["concurrency"]["runs"]["tag_concurrency_limits"]
+        if limit.items() >= drain.items()
+    ]
+    assert drain_limit == int(code_server(values)["env"]["PIN_RECALC_MAX_DRAIN_RUNS"])
+
+
+def test_the_code_server_and_the_runs_get_the_contract_settings() -> None:
+    """The code server (sensors) and the run workers draw on the same ConfigMap and Secret; the
+    example manifest defines them, with credentials only in the Secret; together with the values'
+    env they make valid Settings pointing at external services, ClickHouse as a server."""
+    values = load_yaml(VALUES)
+    server = code_server(values)
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    manifests = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for doc in yaml.safe_load_all(ENV_MANIFEST.read_text())
+    }
+
+    assert names(server["envConfigMaps"]) == names(launcher["envConfigMaps"])
+    assert names(server["envSecrets"]) == names(launcher["envSecrets"])
+    config_maps: Config = {}
+    for name in names(server["envConfigMaps"]):
+        config_maps |= manifests[("ConfigMap", name)]["data"]
+    secrets: Config = {}
+    for name in names(server["envSecrets"]):
+        secrets |= manifests[("Secret", name)]["stringData"]
+    assert {"PIN_PG_DSN", "PIN_CLICKHOUSE_URL"} <= secrets.keys()
+    assert "PIN_KAFKA_BOOTSTRAP" in config_maps
+
+    settings = Settings.from_env({**config_maps, **secrets, **server["env"]})
+    assert isinstance(parse_clickhouse_url(settings.clickhouse_url), ServerAddress)
+    assert not settings.pg.is_local
+    assert not settings.kafka_is_local
+    dagster_secret = manifests[("Secret", values["global"]["postgresqlSecretName"])]
+    assert set(dagster_secret["stringData"]) == {"postgresql-password"}
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (word.upper(), rest.strip())
+        for word, _, rest in (line.partition(" ") for line in lines if line and line[0] != "#")
+    ]
+
+
+def test_the_image_serves_the_code_location() -> None:
+    """deploy/Dockerfile: python:3.11-slim, the checkout installed editable with the k8s extra, a
+    non-root user, and a CMD serving `pin_pipelines.definitions` (the module pyproject.toml,
+    workspace.yaml and the values' codeServerArgs name) on the port it exposes and the values
+    give; .dockerignore keeps the local state out and everything the image copies in."""
+    instructions = dockerfile_instructions()
+    by_word: dict[str, list[str]] = {}
+    for word, args in instructions:
+        by_word.setdefault(word, []).append(args)
+    command = json.loads(by_word["CMD"][-1])
+    server = code_server(load_yaml(VALUES))
+    module = command[command.index("-m") + 1]
+    port = int(command[command.index("-p") + 1])
+    workspace = load_yaml(REPO / "workspace.yaml")["load_from"][0]["python_module"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+    assert by_word["FROM"] == ["python:3.11-slim"]
+    assert command[:3] == ["dagster", "code-server", "start"]
+    assert module == "pin_pipelines.definitions"
+    assert module == pyproject["tool"]["dagster"]["module_name"] == workspace["module_name"]
+    assert importlib.util.find_spec(module) is not None
+    assert server["codeServerArgs"] == ["-m", module]
+    assert port == server["port"] == int(by_word["EXPOSE"][-1])
+    assert by_word["USER"][-1] not in ("root", "0")
+    assert any('pip install --editable ".[k8s]"' in run for run in by_word["RUN"])
+
+    lines = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()]
+    ignored = [line for line in lines if line and not line.startswith("#")]
+    assert {".git", ".pin", ".venv"} <= set(ignored)
+    copied = [source for args in by_word["COPY"] for source in args.split()[:-1]]
+    for source in copied:
+        path = source.rstrip("/")
+        assert (REPO / path).exists(), f"COPY {source}: no such file in the repository"
+        assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), source
+
+
+def test_the_chart_and_the_images_move_with_the_dagster_pin() -> None:
+    """The chart version the values install and the webserver/daemon image tags are the pinned
+    Dagster release; dagster-k8s is pinned with the rest of the family and is what is
+    installed."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [*pyproject["dependencies"], *pyproject["optional-dependencies"]["k8s"]]
+    pins = dict(req.split("==") for req in requirements if "==" in req)
+    values_text = VALUES.read_text()
+    values = yaml.safe_load(values_text)
+
+    assert pins["dagster"] == dagster.__version__
+    assert pins["dagster-k8s"] == pins["dagster-postgres"]
+    assert importlib.metadata.version("dagster-k8s") == pins["dagster-k8s"]
+    assert re.findall(r"chart version (\S+):", values_text) == [pins["dagster"]]
+    assert re.findall(r"--version (\S+)", values_text) == [pins["dagster"]]
+    for part in ("dagsterWebserver", "dagsterDaemon"):
+        assert values[part]["image"]["tag"] == pins["dagster"]
