@@ -60,6 +60,17 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> None:
     dagster_dev(settings)
 
 
+def cmd_dagster_prune(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.housekeeping import RetentionPolicy, prune_runs
+    from pin_pipelines.serve import open_instance
+
+    with open_instance(settings) as instance:
+        summary = prune_runs(
+            instance, RetentionPolicy.from_settings(settings), dry_run=args.dry_run
+        )
+    _summary(summary.as_dict())
+
+
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.migrate import migrate_all
 
@@ -170,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="`dagster dev` on the project's instance (local use)")
     dev.set_defaults(handler=cmd_dev)
+
+    dagster = sub.add_parser("dagster", help="the Dagster instance").add_subparsers(
+        dest="dagster_command", required=True
+    )
+    prune = dagster.add_parser(
+        "prune", help="delete finished runs past retention with their event and compute logs"
+    )
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    prune.set_defaults(handler=cmd_dagster_prune)
 
     db = sub.add_parser("db", help="schema").add_subparsers(dest="db_command", required=True)
     migrate = db.add_parser("migrate", help="PostgreSQL schema, ClickHouse database, Kafka topics")

@@ -8,11 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from pin_pipelines.config import SOURCE_ROOT, Settings, dsn_with_dbname
+import dagster as dg
+
+from pin_pipelines.config import SOURCE_ROOT, Settings
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
+from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
 from pin_pipelines.errors import PinError
 from pin_pipelines.signals import default_stop_signals, stop_requested
 
@@ -27,7 +32,7 @@ def prepare_dagster_home(settings: Settings) -> dict[str, str]:
     if TEMPLATE.resolve() != target.resolve():
         write_instance_yaml(settings, target)
     # Fail here, clearly, rather than in two child processes' tracebacks.
-    connect(dsn_with_dbname(settings.pg_dsn, "dagster")).close()
+    connect(settings.dagster_pg_url.replace("postgresql+psycopg2:", "postgresql:", 1)).close()
     return {
         **os.environ,
         "DAGSTER_HOME": str(home),
@@ -47,6 +52,9 @@ def _bin(name: str) -> str:
 
 
 WORKSPACE = str(SOURCE_ROOT / "workspace.yaml")
+#: How long a stop waits for the runs in flight (a drain or relay run's budget is 25 s).
+WIND_DOWN_SECONDS = 60.0
+UNFINISHED = [*IN_FLIGHT, dg.DagsterRunStatus.CANCELING]
 
 
 def _ui_args(settings: Settings) -> list[str]:
@@ -61,6 +69,8 @@ def serve(settings: Settings) -> None:
     at their defaults even when this process inherited them ignored (see pin_pipelines.signals).
     """
     env = prepare_dagster_home(settings)
+    marker = settings.dagster_home / STOPPING_MARKER
+    marker.unlink(missing_ok=True)  # left by a stop that did not finish
     stopping = stop_requested()
     commands = {
         "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
@@ -77,7 +87,10 @@ def serve(settings: Settings) -> None:
     try:
         while not stopping() and all(child.poll() is None for child in children.values()):
             time.sleep(0.5)
+        if stopping() and all(child.poll() is None for child in children.values()):
+            _wind_down(settings, env, marker)
     finally:
+        marker.unlink(missing_ok=True)
         for child in children.values():
             if child.poll() is None:
                 child.terminate()
@@ -90,6 +103,38 @@ def serve(settings: Settings) -> None:
         for name, child in children.items():
             if child.returncode not in (None, 0, -signal.SIGTERM):
                 raise PinError(f"{name} exited with code {child.returncode}")
+
+
+@contextmanager
+def open_instance(
+    settings: Settings, env: dict[str, str] | None = None
+) -> Iterator[dg.DagsterInstance]:
+    """The project's Dagster instance in this process (`pin dagster prune`, a clean stop)."""
+    env = env or prepare_dagster_home(settings)
+    os.environ.update(env)  # the instance's dagster.yaml reads its storage URL from the env
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        yield instance
+
+
+def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
+    """A clean stop: no new runs (the marker stops the sensors, and drains end after the project
+    in hand), then wait for the runs in flight, queued ones included, which the still-running
+    daemon launches and monitors. Only then are the daemon and the webserver stopped, so no run
+    is left launching on a code server that is shutting down (a FAILURE for a clean stop).
+    Bounded: past WIND_DOWN_SECONDS the daemon is stopped anyway and run monitoring settles
+    whatever was left when the instance next runs."""
+    marker.touch()
+    print("pin: stopping: no new runs; waiting for the runs in flight", file=sys.stderr)
+    deadline = time.monotonic() + WIND_DOWN_SECONDS
+    with open_instance(settings, env) as instance:
+        while instance.get_run_records(dg.RunsFilter(statuses=UNFINISHED), limit=1):
+            if time.monotonic() > deadline:
+                print(
+                    f"pin: runs still in flight after {WIND_DOWN_SECONDS:g}s; stopping anyway",
+                    file=sys.stderr,
+                )
+                return
+            time.sleep(0.5)
 
 
 def dagster_dev(settings: Settings) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -60,6 +60,9 @@ class LoadOptions:
     #: ClickHouse unreachable: attempts per batch, waiting 0.5 s, 1 s, 2 s, … between them.
     attempts: int = 5
     backoff_seconds: float = 0.5
+    #: Checked between polls: the cycle stores and commits the batch in hand and ends early
+    #: (`complete: false`), like at max_seconds (a clean stop of `pin serve`).
+    should_stop: Callable[[], bool] = lambda: False
 
 
 @dataclass
@@ -247,7 +250,7 @@ class _Cycle:
         batch_ends: dict[int, int] = {}  # partition → offset after the batch's last message
         batch_started = 0.0
         reached: dict[int, int] = {}  # partition → where it was finished: all below is read
-        while pending and time.monotonic() < deadline:
+        while pending and time.monotonic() < deadline and not self.options.should_stop():
             left = sum(pending[p] - nexts[p] for p in pending)
             wanted = max(1, min(self.options.batch_size - len(batch), left))
             for msg in self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT):

@@ -123,3 +123,39 @@ def test_the_daily_job_prunes_with_the_settings_and_is_shipped_on(
     assert result.success
     assert _left(pg_instance, [old, fresh, result.run_id]) == {fresh, result.run_id}
     assert dagster_retention_schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_pin_dagster_prune_counts_then_deletes_with_a_json_summary(
+    pg_instance, dagster_db, pg_dsn, tmp_path
+):
+    """Tried: `pin dagster prune --dry-run`, then `pin dagster prune`, as an operator runs them on
+    the instance's DAGSTER_HOME: the dry run counts the 4-day-old success and deletes nothing, the
+    real one deletes it; each prints the contract's JSON summary last."""
+    import os
+    import subprocess
+
+    from pin_pipelines.config import dagster_pg_url_from
+    from tests.support.recalc import PIN, REPO_ROOT, last_json_line
+
+    old = _run(pg_instance, dagster_db, S.SUCCESS, 4)
+    env = {
+        **os.environ,
+        "PIN_PG_DSN": pg_dsn,
+        "DAGSTER_HOME": str(tmp_path / "prune_home"),
+        "PIN_DAGSTER_PG_URL": dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1]),
+    }
+    summaries = []
+    for args in (["--dry-run"], []):
+        done = subprocess.run(
+            [PIN, "dagster", "prune", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        summaries.append(last_json_line(done.stdout))
+        assert _left(pg_instance, [old]) == (set() if not args else {old})
+    assert [(s["dry_run"], s["runs"]) for s in summaries] == [(True, 1), (False, 1)]
+    assert summaries[1]["bytes_freed"] > 0 and summaries[1]["events"] >= 2

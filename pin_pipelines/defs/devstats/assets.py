@@ -4,9 +4,10 @@ from typing import Any
 
 import dagster as dg
 
+from pin_pipelines.defs.common import instance_stopping
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.devstats.loader import LoadSummary, load_once
+from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_once
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
 #: The embedded engine admits one process per data folder; dagster.yaml limits every pool to one
@@ -39,5 +40,6 @@ def load_metadata(summary: LoadSummary) -> dict[str, Any]:
         "pin.chessboard.layout-group-upserted.v1 with the version guard; read with argMax."
     ),
 )
-def dim_layout_group(pin: PinSettings) -> dg.MaterializeResult:
-    return dg.MaterializeResult(metadata=load_metadata(load_once(pin.get())))
+def dim_layout_group(context: dg.AssetExecutionContext, pin: PinSettings) -> dg.MaterializeResult:
+    options = LoadOptions(should_stop=lambda: instance_stopping(context.instance))
+    return dg.MaterializeResult(metadata=load_metadata(load_once(pin.get(), options)))

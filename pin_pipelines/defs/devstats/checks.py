@@ -4,6 +4,7 @@ visibility), seen from the topic and from the source rows."""
 import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
+from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group
 from pin_pipelines.defs.reconcile.metadata import id_list
 from pin_pipelines.defs.resources import PinSettings
@@ -33,13 +34,12 @@ def _on_schedule(
 ) -> dg.ScheduleDefinition:
     """A schedule, running from the start, of a job `<name>_check_job` that evaluates `check`
     alone (Definitions picks the job up from the schedule)."""
-    return dg.ScheduleDefinition(
+    return running_schedule(
         name=f"{name}_schedule",
         job=dg.define_asset_job(
             f"{name}_check_job", selection=dg.AssetSelection.checks(check), description=description
         ),
-        cron_schedule=cron,
-        default_status=dg.DefaultScheduleStatus.RUNNING,
+        cron=cron,
         description=description,
     )
 

@@ -3,8 +3,8 @@
 import dagster as dg
 
 from pin_pipelines.config import Settings
+from pin_pipelines.defs.common import STOPPING_REASON, instance_stopping, runs_in_flight
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
-from pin_pipelines.defs.runs import runs_in_flight
 from pin_pipelines.devstats.freshness import unloaded_events
 from pin_pipelines.errors import PinError
 
@@ -16,6 +16,8 @@ from pin_pipelines.errors import PinError
     description="Launches a dim_layout_group load when the loader's consumer group lags.",
 )
 def dim_layout_group_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    if instance_stopping(context.instance):
+        return dg.SkipReason(STOPPING_REASON)
     try:
         lag = unloaded_events(Settings.from_env())
     except PinError as exc:

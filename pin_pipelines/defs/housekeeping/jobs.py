@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.housekeeping import RetentionPolicy, prune_runs
 
@@ -26,11 +27,9 @@ def dagster_retention_job() -> None:
     prune_finished_runs()
 
 
-dagster_retention_schedule = dg.ScheduleDefinition(
+dagster_retention_schedule = running_schedule(
     name="dagster_retention_schedule",
     job=dagster_retention_job,
-    cron_schedule="17 3 * * *",  # daily, off the hour
-    execution_timezone="UTC",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
+    cron="17 3 * * *",  # daily, off the hour
     description="Keeps the Dagster instance bounded: PIN_DAGSTER_RETENTION_*_DAYS.",
 )

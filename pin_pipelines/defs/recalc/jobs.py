@@ -7,6 +7,7 @@ import dagster as dg
 from pin_pipelines.chessboard.drain import drain_until_idle
 from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc, requeue_poisoned
 from pin_pipelines.chessboard.queue_status import poisoned_requests
+from pin_pipelines.defs.common import instance_stopping
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 
 DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
@@ -25,7 +26,10 @@ def drain_recalc_queue(
     # whole, its row stays queued and its attempt is given back (the spec's cancellation rule).
     # Per-project lines go to the run's stdout; the event log gets the summary below.
     run = drain_until_idle(
-        pin.get().pg_dsn, budget_seconds=config.budget_seconds, correlation_prefix=context.run_id
+        pin.get().pg_dsn,
+        budget_seconds=config.budget_seconds,
+        correlation_prefix=context.run_id,
+        should_stop=lambda: instance_stopping(context.instance),
     )
     summary = run.as_dict()
     metadata = {

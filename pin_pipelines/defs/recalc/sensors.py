@@ -6,9 +6,14 @@ import dagster as dg
 
 from pin_pipelines.chessboard.drain import seconds_until_next_due
 from pin_pipelines.config import Settings
+from pin_pipelines.defs.common import (
+    STOPPING_REASON,
+    in_flight_records,
+    instance_stopping,
+    running_schedule,
+)
 from pin_pipelines.defs.recalc.checks import poison_check_job
 from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
-from pin_pipelines.defs.runs import in_flight_records
 from pin_pipelines.errors import PinError
 
 #: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a
@@ -26,6 +31,8 @@ OVERDUE_SECONDS = 5.0
     description="Launches recalc_drain_job when queue rows are due (or about to be).",
 )
 def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    if instance_stopping(context.instance):
+        return dg.SkipReason(STOPPING_REASON)
     settings = Settings.from_env()
     try:
         next_due = seconds_until_next_due(settings.pg_dsn)
@@ -56,9 +63,8 @@ def _ending_soon(record: dg.RunRecord) -> bool:
     return time.time() - record.start_time > DrainConfig().budget_seconds - LOOKAHEAD_SECONDS
 
 
-poison_check_schedule = dg.ScheduleDefinition(
+poison_check_schedule = running_schedule(
     job=poison_check_job,
-    cron_schedule="* * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
+    cron="* * * * *",
     description="Evaluates the poison check every minute so CHESSBOARD_RECALC_POISON shows up.",
 )

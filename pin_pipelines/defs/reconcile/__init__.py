@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.reconcile.assets import aggregates_drift, dim_layout_group_drift
 
 reconcile_job = dg.define_asset_job(
@@ -11,11 +12,8 @@ reconcile_job = dg.define_asset_job(
 )
 
 #: Drift is silent by nature: an hourly check makes it show up as a failed check, not a complaint.
-reconcile_schedule = dg.ScheduleDefinition(
-    job=reconcile_job,
-    cron_schedule="17 * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Reports drift hourly (no repair).",
+reconcile_schedule = running_schedule(
+    job=reconcile_job, cron="17 * * * *", description="Reports drift hourly (no repair)."
 )
 
 defs = dg.Definitions(

@@ -16,7 +16,10 @@ def topic_asset_key(topic: str) -> dg.AssetKey:
 TOPIC_ASSETS = {
     topic: dg.AssetSpec(
         key=topic_asset_key(topic),
-        description=f"Kafka topic `{topic}`: snapshot events from the outbox (contract §4).",
+        description=(
+            f"Kafka topic `{topic}`: snapshot events from the outbox (contract §4), written in"
+            " Kafka transactions (read them read_committed)."
+        ),
         deps=[CHESSBOARD_AGGREGATES],
         group_name="kafka",
         kinds={"kafka"},

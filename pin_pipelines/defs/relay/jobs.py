@@ -32,7 +32,9 @@ def relay_outbox(
     deadline = time.monotonic() + config.budget_seconds
     idle_since = time.monotonic()
     try:
-        # One relay (one producer) for the whole run: a new producer costs about half a second.
+        # One relay (one transactional producer) for the whole run: a new one costs up to half
+        # a second. It holds the relay lock meanwhile: a `pin outbox relay --once` started by
+        # hand waits for the run (its lock_timeout, 60 s, is longer than the budget).
         with OutboxRelay(settings) as relay:
             while (
                 time.monotonic() < deadline and time.monotonic() - idle_since < config.idle_seconds

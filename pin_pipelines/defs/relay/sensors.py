@@ -4,8 +4,8 @@ import dagster as dg
 
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
+from pin_pipelines.defs.common import STOPPING_REASON, instance_stopping, runs_in_flight
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
-from pin_pipelines.defs.runs import runs_in_flight
 from pin_pipelines.errors import PinError
 from pin_pipelines.relay.metrics import relay_lag
 
@@ -17,6 +17,8 @@ from pin_pipelines.relay.metrics import relay_lag
     description="Launches outbox_relay_job while chessboard.outbox_events is not empty.",
 )
 def outbox_relay_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    if instance_stopping(context.instance):
+        return dg.SkipReason(STOPPING_REASON)
     try:
         with connection(Settings.from_env().pg_dsn) as conn:
             backlog = relay_lag(conn)
