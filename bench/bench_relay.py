@@ -1,15 +1,20 @@
-"""Outbox relay benchmark (issue 4); not a test. Prints ONE JSON line.
+"""Outbox relay benchmark (issues 4 and 12); not a test. Prints ONE JSON line.
 
-1. Throughput: a backlog of N layout-group events is relayed by `relay_once`; the same payloads
-   are then sent from memory by a plain confluent-kafka producer with the same delivery guarantees
-   (idempotent, acks=all). Ratio = relay / plain (goal >= 0.5). `ratio_same_config` compares with
-   the relay's own producer settings sent from memory: the cost of the outbox alone.
+1. Throughput: a backlog of N layout-group events is relayed by `relay_once` (exactly once: a
+   Kafka transaction per batch, receipts, recovery at start); the same payloads are then sent from
+   memory by a plain confluent-kafka producer with the same per-message guarantees (idempotent,
+   acks=all). Ratio = relay / plain (goal >= 0.5). `ratio_same_config` compares with the relay's
+   own producer settings without transactions, sent from memory: the cost of the outbox and of
+   exactly-once together. `ratio_transactional` compares with that producer in transactions of
+   the relay's batch size, from memory: the cost of the outbox alone.
 2. Lag: the drain's insert pattern at a steady rate (default 1,000 events/s, 100 per commit) for
    a few seconds while a continuous relay (`OutboxRelay.run_until`, its own process) publishes;
-   a consumer measures arrival time - CreatedAt per event. Goal: p99 < 2 s.
+   a read_committed consumer (what the contract's consumers are) measures arrival time -
+   CreatedAt per event. Goal: p99 < 2 s.
 
 Usage: .venv/bin/python bench/bench_relay.py [--events 200000] [--rate 1000] [--seconds 20]
-Uses PIN_PG_DSN / PIN_KAFKA_BOOTSTRAP and TRUNCATEs chessboard.outbox_events.
+Uses PIN_PG_DSN / PIN_KAFKA_BOOTSTRAP / PIN_RELAY_TRANSACTIONAL_ID and TRUNCATEs
+chessboard.outbox_events.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from pin_pipelines.db import connect
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.relay import OutboxRelay, relay_once, topic_end_offsets
-from pin_pipelines.relay.producer import Sender
+from pin_pipelines.relay.outbox import DELIVERY_TIMEOUT, MAX_BATCH_SIZE
+from pin_pipelines.relay.producer import Sender, producer_config
 
 # The drain's shape: one statement inserting a burst of layout-group snapshots, `keys` entities.
 INSERT_EVENTS = """
@@ -88,12 +94,18 @@ def throughput(settings: Settings, events: int) -> dict[str, float]:
         messages,
     )
     # The relay's own producer settings (lz4, 20 ms linger), also from memory: what is left of
-    # the ratio is the outbox itself (reading, bookkeeping, deleting), not producer tuning.
+    # the ratio is the outbox and exactly-once (reading, transactions, bookkeeping, deleting).
     same_config_seconds = _send_from_memory(
-        Sender(settings.kafka_bootstrap, delivery_timeout=30).producer, messages
+        Producer(producer_config(settings.kafka_bootstrap, DELIVERY_TIMEOUT)), messages
+    )
+    # The same in transactions of the relay's batch size: what is left is the outbox alone.
+    transactional_seconds = _send_in_transactions(
+        Sender(settings.kafka_bootstrap, f"bench-relay-{uuid.uuid4()}", DELIVERY_TIMEOUT),
+        messages,
     )
     relay_rate, plain_rate = events / relay_seconds, events / plain_seconds
     same_config_rate = events / same_config_seconds
+    transactional_rate = events / transactional_seconds
     return {
         "throughput_events": events,
         "relay_events_per_s": round(relay_rate),
@@ -101,6 +113,8 @@ def throughput(settings: Settings, events: int) -> dict[str, float]:
         "ratio": round(relay_rate / plain_rate, 3),
         "same_config_producer_events_per_s": round(same_config_rate),
         "ratio_same_config": round(relay_rate / same_config_rate, 3),
+        "transactional_producer_events_per_s": round(transactional_rate),
+        "ratio_transactional": round(relay_rate / transactional_rate, 3),
     }
 
 
@@ -114,6 +128,17 @@ def _send_from_memory(producer: Producer, messages: list[tuple[str, str]]) -> fl
             except BufferError:
                 producer.poll(0.01)
     assert producer.flush(60) == 0
+    return time.perf_counter() - started
+
+
+def _send_in_transactions(sender: Sender, messages: list[tuple[str, str]]) -> float:
+    started = time.perf_counter()
+    for first in range(0, len(messages), MAX_BATCH_SIZE):
+        sender.begin()
+        for key, value in messages[first : first + MAX_BATCH_SIZE]:
+            sender.send(TOPIC_LAYOUT_GROUP, key, value.encode())
+        assert sender.wait() == []
+        sender.commit()
     return time.perf_counter() - started
 
 
@@ -141,6 +166,7 @@ def lag(settings: Settings, rate: int, seconds: float) -> dict[str, float]:
             "group.id": f"bench-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 10,
+            "isolation.level": "read_committed",
         }
     )
     consumer.assign(
@@ -168,7 +194,14 @@ def lag(settings: Settings, rate: int, seconds: float) -> dict[str, float]:
     keys = [str(uuid.uuid4()) for _ in range(2000)]
     inserted, ticks = 0, int(seconds * 10)
     with connect(settings.pg_dsn, autocommit=True) as conn:
-        time.sleep(1.0)  # the worker's producer is up before the load starts
+        # The worker makes its producer (init_transactions, recovery) at its first event: one
+        # event through before the load, so the figure is the steady state's.
+        insert_events(conn, 1, [str(uuid.uuid4())])
+        deadline = time.monotonic() + 60
+        while not lags and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lags, "the warm-up event never arrived"
+        lags.clear()
         begin = time.monotonic()
         for tick in range(ticks):
             insert_events(conn, per_commit, keys, version=tick + 1)

@@ -15,8 +15,22 @@ TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
 TOPIC_LAYOUT = "pin.chessboard.layout-upserted.v1"
 TOPIC_LAYOUT_GROUP = "pin.chessboard.layout-group-upserted.v1"
 TOPIC_DEVSTATS_DLQ = "pin.dev-stats.dlq.v1"
-ALL_TOPICS = (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_DEVSTATS_DLQ)
+#: Internal to the outbox relay: one receipt per Kafka transaction (pin_pipelines/relay/outbox.py).
+TOPIC_RELAY_COMMITS = "pin.chessboard.outbox-relay-commits.v1"
+ALL_TOPICS = (
+    TOPIC_PROJECT,
+    TOPIC_LAYOUT,
+    TOPIC_LAYOUT_GROUP,
+    TOPIC_DEVSTATS_DLQ,
+    TOPIC_RELAY_COMMITS,
+)
 TOPIC_PARTITIONS = 3
+#: Topics made otherwise than TOPIC_PARTITIONS and the broker's defaults. The receipts: one
+#: partition, so the last one is at its end; compacted, so the last one per key is kept forever,
+#: and segments roll hourly so the compaction actually runs on a topic of small records.
+TOPIC_LAYOUTS: dict[str, tuple[int, dict[str, str]]] = {
+    TOPIC_RELAY_COMMITS: (1, {"cleanup.policy": "compact", "segment.ms": "3600000"}),
+}
 
 
 def _quiet(_err: Any) -> None:
@@ -86,8 +100,12 @@ def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[
     missing = [t for t in topics if t not in existing]
     if not missing:
         return []
+    layouts = {t: TOPIC_LAYOUTS.get(t, (TOPIC_PARTITIONS, {})) for t in missing}
     futures = client.create_topics(
-        [NewTopic(t, num_partitions=TOPIC_PARTITIONS, replication_factor=1) for t in missing],
+        [
+            NewTopic(t, num_partitions=partitions, replication_factor=1, config=config)
+            for t, (partitions, config) in layouts.items()
+        ],
         operation_timeout=10,
     )
     for topic, future in futures.items():

@@ -13,6 +13,9 @@ class RelaySummary:
     published_by_topic: dict[str, int] = field(default_factory=dict)
     dead_lettered_by_topic: dict[str, int] = field(default_factory=dict)
     batches: int = 0
+    #: Events a previous relay published in a Kafka transaction that committed while its
+    #: PostgreSQL transaction did not: deleted from the outbox (and counted) by this run's recovery.
+    recovered: int = 0
     #: Events left in the outbox at the end: committed after the start (or a broker failure).
     pending: int = 0
     #: Age of the oldest event left in the outbox at the end (0 when it is empty).
@@ -29,6 +32,7 @@ class RelaySummary:
         the backlog is the later run's."""
         self._add(later.published_by_topic, later.dead_lettered_by_topic)
         self.batches += later.batches
+        self.recovered += later.recovered
         self.pending, self.lag_seconds = later.pending, later.lag_seconds
         self.duration_seconds += later.duration_seconds
 

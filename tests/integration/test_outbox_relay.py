@@ -1,33 +1,43 @@
-"""Outbox relay against the real PostgreSQL and Kafka (issue 4).
+"""Outbox relay against the real PostgreSQL and Kafka (issues 4 and 12).
 
 Every test captures the topics' end offsets first and reads only from there, and only the keys it
-made, so tests (and other modules publishing on the same topics) cannot see each other.
+made, so tests (and other modules publishing on the same topics) cannot see each other. Reads are
+read_committed, as the contract's consumers read. Crashes and broker outages are in
+test_relay_exactly_once.py, on a private broker.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import NewTopic
 from psycopg.types.json import Jsonb
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
-from pin_pipelines.relay import OutboxRelay, RelaySummary, relay_lag, relay_once, topic_counters
+from pin_pipelines.kafka import (
+    TOPIC_LAYOUT,
+    TOPIC_LAYOUT_GROUP,
+    TOPIC_PROJECT,
+    admin,
+    delete_topics,
+)
+from pin_pipelines.relay import relay_lag, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
-from pin_pipelines.relay.producer import Failure
-from pin_pipelines.stack.kafka import LocalKafka
+from pin_pipelines.relay.outbox import Q
 
 TOPICS = [TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP]
 ENVELOPE = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
@@ -90,9 +100,15 @@ def outbox_count(conn: psycopg.Connection) -> int:
 
 
 def consume(
-    bootstrap: str, start: dict[str, dict[int, int]], keys: set[str]
+    bootstrap: str,
+    start: dict[str, dict[int, int]],
+    keys: set[str],
+    isolation: str = "read_committed",
 ) -> list[tuple[str, str, bytes]]:
-    """(topic, key, value) of `keys` between `start` and the current end, in partition order."""
+    """(topic, key, value) of `keys` from `start` to the current end, in offset order per
+    partition, as a consumer of this isolation level sees them. A partition is read when the
+    consumer reports its end there: commit markers take offsets but are never handed out, and a
+    read_committed consumer skips aborted transactions' messages, so offsets cannot tell."""
     end = end_offsets(bootstrap, list(start))
     remaining = {
         (t, p): end[t][p] for t, parts in start.items() for p, o in parts.items() if end[t][p] > o
@@ -102,6 +118,8 @@ def consume(
             "bootstrap.servers": bootstrap,
             "group.id": f"test-relay-{uuid.uuid4()}",
             "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
         }
     )
     consumer.assign([TopicPartition(t, p, start[t][p]) for t, p in remaining])
@@ -110,17 +128,31 @@ def consume(
     try:
         while remaining and time.monotonic() < deadline:
             for msg in consumer.consume(1000, timeout=1):
-                assert msg.error() is None, msg.error()
-                topic, key, value = str(msg.topic()), bytes(msg.key() or b"").decode(), msg.value()
+                tp = (str(msg.topic()), int(msg.partition() or 0))
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    if int(msg.offset() or 0) >= remaining.get(tp, 0):
+                        remaining.pop(tp, None)
+                    continue
+                key = bytes(msg.key() or b"").decode()
                 if key in keys:
-                    found.append((topic, key, bytes(value or b"")))
-                tp = (topic, int(msg.partition() or 0))
-                if int(msg.offset() or 0) + 1 >= remaining.get(tp, 0):
-                    remaining.pop(tp, None)
+                    found.append((tp[0], key, bytes(msg.value() or b"")))
     finally:
         consumer.close()
     assert not remaining, f"did not reach the end offsets of {remaining}"
     return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def relay_transactional_id() -> Iterator[str]:
+    """The test database's own transactional.id, for every relay of the module (in process or
+    not): relays of other test sessions on the shared broker (other databases) would otherwise
+    fence these ones, and the other way round."""
+    dbname = os.environ["PIN_PG_DSN"].rsplit("/", 1)[1]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PIN_RELAY_TRANSACTIONAL_ID", f"pin-outbox-relay-{dbname}")
+        yield f"pin-outbox-relay-{dbname}"
 
 
 @pytest.fixture
@@ -208,6 +240,8 @@ def test_per_key_version_order_with_two_concurrent_relays(
     kafka_bootstrap: str,
     tmp_path: Path,
 ) -> None:
+    """Two relays started together: the second waits for the first one's lock instead of
+    publishing beside it, so each event goes out once and every key's versions in order."""
     keys = [str(uuid.uuid4()) for _ in range(60)]
     versions = 20
     # Version-major: consecutive ids belong to different keys, as in a busy drain.
@@ -227,17 +261,23 @@ def test_per_key_version_order_with_two_concurrent_relays(
         )
         for _ in range(2)
     ]  # fmt: skip
-    for relay in relays:
-        assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
-    go.touch()  # both start together
     summaries = []
-    for relay in relays:
-        out, _ = relay.communicate(timeout=120)
-        assert relay.returncode == 0, out
-        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for relay in relays:
+            assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
+        go.touch()  # both start together
+        for relay in relays:
+            out, _ = relay.communicate(timeout=120)
+            assert relay.returncode == 0, out
+            summaries.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for relay in relays:
+            relay.kill()
+            relay.wait()
 
-    assert sum(s["published"] for s in summaries) == len(keys) * versions
-    assert all(s["published"] > 0 for s in summaries), summaries  # they really ran together
+    # One publisher at a time: whichever got the lock first published all 25-event batches
+    # while the other waited, then found nothing left.
+    assert sorted(s["published"] for s in summaries) == [0, len(keys) * versions], summaries
     assert outbox_count(outbox) == 0
     seen: dict[str, list[int]] = {k: [] for k in keys}
     for _, key, value in consume(kafka_bootstrap, start, set(keys)):
@@ -245,71 +285,44 @@ def test_per_key_version_order_with_two_concurrent_relays(
     assert all(v == list(range(1, versions + 1)) for v in seen.values()), seen
 
 
-KILLABLE_SCRIPT = """
-import time
-from pin_pipelines.config import Settings
-from pin_pipelines.relay import relay_once
-
-def stall():
-    print("flushed", flush=True)
-    time.sleep(120)
-
-relay_once(Settings.from_env(), on_flushed=stall)
-"""
-
-
-def test_kill_9_between_send_and_delete_duplicates_but_loses_nothing(
-    outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
+def test_a_relay_waits_for_the_one_holding_the_outbox_and_gives_up_after_lock_timeout(
+    outbox: psycopg.Connection, start: dict[str, dict[int, int]], pg_dsn: str, kafka_bootstrap: str
 ) -> None:
-    keys = [str(uuid.uuid4()) for _ in range(30)]
-    insert(outbox, [(TOPIC_PROJECT, k, payload(TOPIC_PROJECT, k, 1)) for k in keys])
-    relay = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    assert relay.stdout is not None and relay.stdout.readline().strip() == "flushed"
-    os.kill(relay.pid, signal.SIGKILL)
-    relay.wait(timeout=10)
+    """Tried: the relay lock held by another session (as a running relay holds it), first past
+    a short lock_timeout (one-line error, the event stays), then released while a relay waits
+    (it publishes as soon as it gets the lock)."""
+    key = str(uuid.uuid4())
+    insert(outbox, [(TOPIC_LAYOUT, key, payload(TOPIC_LAYOUT, key, 1))])
+    result: dict[str, Any] = {}
 
-    assert outbox_count(outbox) == len(keys)  # acknowledged by Kafka, but never deleted
-    assert sorted(k for _, k, _ in consume(kafka_bootstrap, start, set(keys))) == sorted(keys)
+    def relay() -> None:
+        result["summary"] = relay_once(Settings.from_env(), lock_timeout=60)
 
-    summary = relay_once(Settings.from_env())
-    assert summary.published == len(keys)
-    assert outbox_count(outbox) == 0
-    delivered = [k for _, k, _ in consume(kafka_bootstrap, start, set(keys))]
-    assert sorted(delivered) == sorted(keys * 2)  # at-least-once: each twice, none lost
-
-
-def test_broker_down_keeps_events_and_publishes_them_when_back(
-    outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
-) -> None:
-    settings = Settings.from_env()
-    kafka = LocalKafka(settings)
-    warm = str(uuid.uuid4())
-    keys = [str(uuid.uuid4()) for _ in range(20)]
-    with OutboxRelay(settings, delivery_timeout=5) as relay:
-        insert(outbox, [(TOPIC_LAYOUT, warm, payload(TOPIC_LAYOUT, warm, 1))])
-        assert relay.run_once().published == 1  # its producer is connected when the broker dies
-        insert(outbox, [(TOPIC_LAYOUT, k, payload(TOPIC_LAYOUT, k, 1)) for k in keys])
-        kafka.down()
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        Q.lock_relay(holder)
+        with pytest.raises(PinError) as busy:
+            relay_once(Settings.from_env(), lock_timeout=1)
+        assert str(busy.value) == (
+            "the outbox stayed locked by another session (a relay?) for over 1s;"
+            " run the relay again"
+        )
+        assert outbox_count(outbox) == 1
+        waiting = threading.Thread(target=relay)
+        waiting.start()
         try:
-            with pytest.raises(PinError) as mid_run:
-                relay.run_once()
-            assert outbox_count(outbox) == len(keys)
-            with pytest.raises(PinError) as fresh:
-                relay_once(settings)
-            assert outbox_count(outbox) == len(keys)
+            deadline = time.monotonic() + 30
+            while not holder.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'pin-outbox-relay' AND wait_event = 'advisory'"
+            ).fetchone():
+                assert time.monotonic() < deadline, "the relay never waited for the lock"
+                time.sleep(0.05)
+            assert outbox_count(outbox) == 1
+            Q.unlock_relay(holder)
         finally:
-            kafka.up()
-        for error in (mid_run.value, fresh.value):
-            assert str(error).startswith(f"Kafka at {kafka_bootstrap} ")
-            assert "\n" not in str(error)
-        assert "timed out" in str(mid_run.value) and "unreachable" in str(fresh.value)
-
-        assert relay.run_once().published == len(keys)  # the same relay, after the outage
-    assert outbox_count(outbox) == 0
-    delivered = {k for _, k, _ in consume(kafka_bootstrap, start, {warm, *keys})}
-    assert delivered == {warm, *keys}
+            waiting.join(90)
+    assert result["summary"].published == 1
+    assert [k for _, k, _ in consume(kafka_bootstrap, start, {key})] == [key]
 
 
 def test_malformed_and_oversized_rows_are_dead_lettered_without_blocking(
@@ -406,41 +419,51 @@ def test_a_row_edited_in_the_outbox_is_sent_and_checked_as_edited(
     assert error == "payload misses Version"
 
 
-def test_settling_a_batch_with_failures_keeps_failed_keys_and_dead_letters_refusals(
-    outbox: psycopg.Connection,
+def test_an_event_kafka_refuses_aborts_its_batch_which_goes_out_again_without_it(
+    outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
 ) -> None:
-    """What the relay does with a batch's failure reports. The broker really receives the batch;
-    the two failures are made up, since a timed-out delivery of one key and a refusal of another
-    cannot be provoked on demand: every event of the key with a retryable failure stays in the
-    outbox, also those acknowledged before and after it (so the retry sends them in order); the
-    refused event is dead-lettered with Kafka's reason; everything else is deleted and counted."""
-    retried, refused, fine = (str(uuid.uuid4()) for _ in range(3))
-    rows = [
-        (TOPIC_LAYOUT_GROUP, retried, payload(TOPIC_LAYOUT_GROUP, retried, v)) for v in (1, 2, 3)
-    ]
-    rows += [(TOPIC_LAYOUT_GROUP, k, payload(TOPIC_LAYOUT_GROUP, k, 1)) for k in (refused, fine)]
-    ids = insert(outbox, rows)
-    before = topic_counters(outbox).get(TOPIC_LAYOUT_GROUP, {}).get("published", 0)
+    """A batch is all or nothing. Tried: a topic whose broker limit (max.message.bytes 2048) is
+    below an event the relay itself finds small enough, between events of another key on the
+    usual topic. The broker refuses it for good: the transaction is aborted (so the other events,
+    already acknowledged, never reach a read_committed consumer in it), the refused event is
+    dead-lettered with Kafka's reason, and the rest goes out again in a new transaction, once."""
+    small = f"pin.test.relay-small.{uuid.uuid4().hex[:8]}"
+    client = admin(kafka_bootstrap)  # kept: the result dies with its client
+    [created] = client.create_topics(
+        [NewTopic(small, num_partitions=1, replication_factor=1,
+                  config={"max.message.bytes": "2048"})]
+    ).values()  # fmt: skip
+    created.result(timeout=15)
+    try:
+        outbox.execute(
+            "INSERT INTO chessboard.outbox_topics (topic, required_fields)"
+            " SELECT %s, required_fields FROM chessboard.outbox_topics WHERE topic = %s",
+            (small, TOPIC_LAYOUT_GROUP),
+        )
+        fine, refused = str(uuid.uuid4()), str(uuid.uuid4())
+        noise = base64.b64encode(os.urandom(6000)).decode()  # lz4 cannot shrink it below 2048
+        rows = [(TOPIC_LAYOUT_GROUP, fine, payload(TOPIC_LAYOUT_GROUP, fine, v)) for v in (1, 2)]
+        rows.append((small, refused, payload(TOPIC_LAYOUT_GROUP, refused, 1, Name=noise)))
+        rows.append((TOPIC_LAYOUT_GROUP, fine, payload(TOPIC_LAYOUT_GROUP, fine, 3)))
+        ids = insert(outbox, rows)
+        before = topic_counters(outbox).get(TOPIC_LAYOUT_GROUP, {}).get("published", 0)
 
-    with OutboxRelay(Settings.from_env()) as relay:
-        conn = relay._connection()
-        with conn.transaction():
-            buckets = relay._claim_buckets(conn, list(range(16)), max(ids))
-            sender = relay._sender_for(conn)
-            batch = relay._stream(conn, buckets, max(ids), sender)
-            assert sender.wait() == []
-            value = {(r[2], json.loads(r[3])["Version"]): r[3] for r in batch.sent}
-            failures = [
-                Failure(KafkaError(KafkaError._MSG_TIMED_OUT), retried, value[retried, 2]),
-                Failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), refused, value[refused, 1]),
-            ]
-            kept, error = relay._settle(conn, batch, failures, RelaySummary())
+        summary = relay_once(Settings.from_env())
 
-    assert kept == 3 and "timed out" in error
-    left = outbox.execute("SELECT id FROM chessboard.outbox_events ORDER BY id").fetchall()
-    assert [i for (i,) in left] == ids[:3]
-    [(letter_id, letter_error)] = outbox.execute(
-        "SELECT id, error FROM chessboard.outbox_dead_letters"
-    ).fetchall()
-    assert letter_id == ids[3] and letter_error.startswith("Kafka refused the event: ")
-    assert topic_counters(outbox)[TOPIC_LAYOUT_GROUP]["published"] - before == 1
+        assert (summary.published, summary.dead_lettered) == (3, 1)
+        assert summary.batches == 2  # the aborted one, then the one without the refused event
+        assert outbox_count(outbox) == 0
+        [(letter_id, letter_error)] = outbox.execute(
+            "SELECT id, error FROM chessboard.outbox_dead_letters"
+        ).fetchall()
+        assert letter_id == ids[2]
+        assert letter_error.startswith("Kafka refused the event: "), letter_error
+        assert topic_counters(outbox)[TOPIC_LAYOUT_GROUP]["published"] - before == 3
+        committed = consume(kafka_bootstrap, start, {fine})
+        assert [json.loads(v)["Version"] for _, _, v in committed] == [1, 2, 3]
+        # The broker did store the aborted attempt: only read_committed keeps it out.
+        everything = consume(kafka_bootstrap, start, {fine}, isolation="read_uncommitted")
+        assert [json.loads(v)["Version"] for _, _, v in everything] == [1, 2, 3, 1, 2, 3]
+    finally:
+        outbox.execute("DELETE FROM chessboard.outbox_topics WHERE topic = %s", (small,))
+        delete_topics(kafka_bootstrap, (small,))

@@ -21,7 +21,14 @@ from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP
 from pin_pipelines.relay import OutboxRelay, relay_lag
 from pin_pipelines.relay import topic_end_offsets as end_offsets
-from tests.integration.test_outbox_relay import TOPICS, consume, insert, outbox_count, payload
+from tests.integration.test_outbox_relay import (
+    TOPICS,
+    consume,
+    insert,
+    outbox_count,
+    payload,
+    relay_transactional_id,  # noqa: F401 (autouse: this database's own transactional.id)
+)
 
 
 @pytest.fixture

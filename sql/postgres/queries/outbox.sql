@@ -1,20 +1,22 @@
--- Named queries of the outbox relay (issue 4). Parameters are :named (aiosql).
+-- Named queries of the outbox relay (issues 4 and 12). Parameters are :named (aiosql).
 --
--- Ordering rule: events of one key are published by one relay at a time, in id order. For one key
--- id order is commit order (the drain UPDATEs the entity row before it INSERTs the event, so a
--- second event of that key waits for the first one's commit). Across keys ids may commit out of
--- order, so nothing here remembers a "last published id": every run scans from the lowest id.
+-- Ordering rule: one relay publishes at a time (lock_relay), in id order, one Kafka transaction per
+-- batch. For one key id order is commit order (the drain UPDATEs the entity row before it INSERTs
+-- the event, so a second event of that key waits for the first one's commit). Across keys ids may
+-- commit out of order, so nothing here remembers a "last published id": every batch scans from
+-- the lowest id.
 --
--- Claim = the bucket's row lock, held by the batch's transaction. Lock order inside one relay
--- transaction, the same in every relay so they cannot deadlock: bucket rows (claim_free_buckets /
--- claim_bucket) → topic counters in topic order (count_relayed). Waits are bounded by the
--- session's lock_timeout.
+-- A batch's rows are deleted in the PostgreSQL transaction that is committed right after its
+-- Kafka transaction; outbox_relay_commits records which Kafka transaction that was, and the
+-- receipt in Kafka (see outbox.py) says which one committed there.
 
 -- name: configure_session(lock_timeout, idle_timeout)^
--- A relay never waits forever on another relay's bucket, and a relay stuck between statements
--- (SIGSTOP, a hung broker call) loses its session, so its buckets go to the next relay.
+-- A relay never waits forever for another relay's lock, and a relay stuck between statements
+-- (SIGSTOP, a hung broker call), in a batch or between runs, loses its session, and with it the
+-- lock, to the next relay (whose producer then fences the stuck one's).
 SELECT set_config('lock_timeout', :lock_timeout, false),
        set_config('idle_in_transaction_session_timeout', :idle_timeout, false),
+       set_config('idle_session_timeout', :idle_timeout, false),
        set_config('application_name', 'pin-outbox-relay', false);
 
 -- name: outbox_horizon()$
@@ -22,35 +24,42 @@ SELECT set_config('lock_timeout', :lock_timeout, false),
 -- up to it. It only bounds the run (so it ends under a steady insert load); it is not a watermark.
 SELECT max(id) FROM chessboard.outbox_events;
 
--- name: all_buckets()
-SELECT bucket FROM chessboard.outbox_buckets ORDER BY bucket;
+-- name: lock_relay()!
+-- The one publisher of this outbox: held by the relay's session for as long as it holds its
+-- transactional producer, so a second relay waits here (up to lock_timeout) instead of fencing
+-- the first one's producer mid-batch. Keyed by the outbox table: one lock per database.
+SELECT pg_advisory_lock('chessboard.outbox_events'::regclass::oid::int, 0);
 
--- name: claim_free_buckets(buckets)
--- SKIP LOCKED at bucket level: buckets another relay is publishing are left to it for now; the
--- caller comes back for them (claim_bucket) if they still hold events it must publish.
-SELECT bucket FROM chessboard.outbox_buckets
-WHERE bucket = ANY(:buckets::smallint[])
-ORDER BY bucket
-FOR UPDATE SKIP LOCKED;
+-- name: unlock_relay()!
+SELECT pg_advisory_unlock('chessboard.outbox_events'::regclass::oid::int, 0);
 
--- name: buckets_with_events(buckets, horizon)
--- Plain read, no lock: which of the busy buckets still hold events up to the horizon.
-SELECT b.bucket FROM chessboard.outbox_buckets b
-WHERE b.bucket = ANY(:buckets::smallint[])
-  AND EXISTS (SELECT 1 FROM chessboard.outbox_events e
-              WHERE e.key_bucket = b.bucket AND e.id <= :horizon)
-ORDER BY b.bucket;
+-- name: relay_commit_state(transactional_id)^
+-- This outbox's receipt identity and the seq of its last transaction whose rows were deleted
+-- (0 before the first). DO NOTHING takes no row lock, so reading it never waits.
+WITH created AS (
+    INSERT INTO chessboard.outbox_relay_commits (transactional_id) VALUES (:transactional_id)
+    ON CONFLICT (transactional_id) DO NOTHING
+    RETURNING outbox_id, last_seq
+)
+SELECT outbox_id::text, last_seq FROM created
+UNION ALL
+SELECT outbox_id::text, last_seq FROM chessboard.outbox_relay_commits
+WHERE transactional_id = :transactional_id;
 
--- name: claim_bucket(bucket)$
--- Waits (up to lock_timeout) for the relay holding the bucket to commit.
-SELECT bucket FROM chessboard.outbox_buckets WHERE bucket = :bucket FOR UPDATE;
+-- name: record_commit(transactional_id, seq)$
+-- In the transaction that deletes the rows of Kafka transaction `seq`. Never moves back: NULL
+-- when `seq` is not above the stored one (the caller's idea of the last seq is wrong). Recovery
+-- may skip ahead (a database restored from a backup is behind Kafka).
+UPDATE chessboard.outbox_relay_commits
+SET last_seq = :seq, committed_at = now()
+WHERE transactional_id = :transactional_id AND last_seq < :seq
+RETURNING last_seq;
 
--- name: claim_events(buckets, horizon, limit)
--- The oldest events of the claimed buckets, with the reason each one cannot be published (NULL
--- when it can). No row locks: holding the bucket already makes this transaction the only
--- publisher of these keys, and locking each event before deleting it writes every row twice
--- (measured: a third of the relay's throughput). Never SKIP LOCKED inside a bucket: skipping a
--- row would publish its key's next version before it.
+-- name: claim_events(horizon, limit)
+-- The oldest events, with the reason each one cannot be published (NULL when it can). No row
+-- locks: lock_relay already makes this session the only publisher, and locking each event before
+-- deleting it writes every row twice (measured: a third of the relay's throughput). Never SKIP
+-- LOCKED: skipping a row would publish its key's next version before it.
 -- The value and the topic-free checks were computed when the row was written (migration 0005);
 -- only the registry's checks run here. The value leaves as UTF-8 bytea, so the binary cursor
 -- hands Python the bytes Kafka sends.
@@ -64,12 +73,12 @@ SELECT e.id, e.topic, e.message_key, convert_to(e.wire_value, 'UTF8') AS value,
        END AS error
 FROM chessboard.outbox_events e
 LEFT JOIN chessboard.outbox_topics t ON t.topic = e.topic
-WHERE e.key_bucket = ANY(:buckets::smallint[]) AND e.id <= :horizon
+WHERE e.id <= :horizon
 ORDER BY e.id
 LIMIT :limit;
 
 -- name: dead_letter_events(ids, errors)!
--- Moves rows aside with their error, in the transaction that holds their bucket.
+-- Moves rows aside with their error.
 WITH bad AS (
     SELECT * FROM unnest(:ids::bigint[], :errors::text[]) AS b (id, error)
 ), moved AS (
@@ -82,17 +91,27 @@ SELECT id, topic, message_key, payload, created_at, error FROM moved
 ON CONFLICT (id) DO UPDATE SET error = excluded.error, dead_lettered_at = now();
 
 -- name: delete_published(firsts, lasts)!
--- Only rows the broker acknowledged, in the transaction that holds their bucket. Each
--- [first, last] is a run of consecutive ids that were all read and acknowledged in this batch
--- (ids are unique, so no row committed later falls inside one; see _id_runs in outbox.py).
--- The arrays are literals (see outbox.py).
+-- The rows of one Kafka transaction. Each [first, last] is a run of consecutive ids that were all
+-- read and sent in it (ids are unique, so no row committed later falls inside one; see _id_runs in
+-- outbox.py). The arrays are literals (see outbox.py).
 DELETE FROM chessboard.outbox_events e
 USING unnest(:firsts::bigint[], :lasts::bigint[]) AS r (first_id, last_id)
 WHERE e.id BETWEEN r.first_id AND r.last_id;
 
+-- name: count_runs(firsts, lasts)
+-- Recovery: the rows of a Kafka transaction that committed while its PostgreSQL transaction did
+-- not, per topic, before delete_published removes them (a batch counts its rows from what it
+-- read; RETURNING would slow every batch's delete for the sake of a rare recovery).
+SELECT e.topic, count(*) AS events
+FROM chessboard.outbox_events e
+JOIN unnest(:firsts::bigint[], :lasts::bigint[]) AS r (first_id, last_id)
+    ON e.id BETWEEN r.first_id AND r.last_id
+GROUP BY e.topic
+ORDER BY e.topic;
+
 -- name: count_relayed(topics, published, dead_lettered)!
 -- Same transaction as the deletes: a counter never runs ahead of or behind the outbox. Rows are
--- upserted in topic order, so two relays lock the counters in the same order.
+-- upserted in topic order, so writers lock them in the same order.
 INSERT INTO chessboard.outbox_topic_stats AS s
     (topic, published, dead_lettered, last_published_at, last_dead_lettered_at)
 SELECT c.topic, c.published, c.dead_lettered,
