@@ -16,7 +16,7 @@ column, then a Kafka header), so the loader's batch span links back to the recal
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 
 from opentelemetry import propagate, trace
@@ -46,11 +46,21 @@ def exporter_name(env: Mapping[str, str]) -> str:
     return named
 
 
+#: Links per batch span at most: a batch of 1,000 events links back to at most this many recalcs.
+MAX_LINKS = 128
+
+
+@cache
+def tracing_enabled() -> bool:
+    """Whether this process exports traces: per-message work for spans is skipped otherwise."""
+    return exporter_name(os.environ) != "none"
+
+
 @cache
 def tracer() -> trace.Tracer:
     """The process's tracer, its provider installed at the first call."""
-    name = exporter_name(os.environ)
-    if name != "none":
+    if tracing_enabled():
+        name = exporter_name(os.environ)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import (
@@ -80,11 +90,16 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-def link_to(traceparent: str | bytes | None) -> trace.Link | None:
-    """A link to the span a traceparent names (an event's origin); None for a missing or
-    malformed one, which is never worth failing a batch for."""
-    if not traceparent:
-        return None
-    text = traceparent.decode() if isinstance(traceparent, bytes) else traceparent
-    context = trace.get_current_span(propagate.extract({"traceparent": text})).get_span_context()
-    return trace.Link(context) if context.is_valid else None
+def links_to(traceparents: Iterable[str | bytes]) -> list[trace.Link]:
+    """Links to the spans the traceparents name (the events' origins), each once, at most
+    MAX_LINKS; a malformed one is skipped, never worth failing a batch for."""
+    links: dict[tuple[int, int], trace.Link] = {}
+    for traceparent in traceparents:
+        text = traceparent.decode() if isinstance(traceparent, bytes) else traceparent
+        span = trace.get_current_span(propagate.extract({"traceparent": text}))
+        context = span.get_span_context()
+        if context.is_valid:
+            links.setdefault((context.trace_id, context.span_id), trace.Link(context))
+            if len(links) >= MAX_LINKS:
+                break
+    return list(links.values())

@@ -40,6 +40,7 @@ from pin_pipelines.devstats.events import (
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, while_settling
 from pin_pipelines.metrics.recording import record_loader_batch
+from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 
 log = logging.getLogger("pin_pipelines.devstats")
 
@@ -162,6 +163,9 @@ class _Batch:
     decoded: int  # readable events, superseded ones included
     started: float = field(default_factory=time.monotonic)
     fresh: list[LayoutGroupUpserted] = field(default_factory=list)  # newer than stored: inserted
+    #: The recalcs that wrote these events (their `traceparent` headers), when tracing is on.
+    origins: list[bytes] = field(default_factory=list)
+    started_ns: int = field(default_factory=time.time_ns)
 
 
 def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
@@ -172,7 +176,15 @@ def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
             events.append(parse_message(msg.key(), msg.value()))
         except BadEvent as exc:
             bad.append((msg, str(exc)))
-    return _Batch(newest_per_group(events), bad, ends, len(messages), len(events))
+    batch = _Batch(newest_per_group(events), bad, ends, len(messages), len(events))
+    if tracing_enabled():
+        batch.origins = [
+            header[1]
+            for msg in messages
+            for header in msg.headers() or []
+            if header[0] == "traceparent" and isinstance(header[1], bytes)
+        ]
+    return batch
 
 
 class _Cycle:
@@ -350,6 +362,19 @@ class _Cycle:
         self.summary.inserted += len(batch.fresh)
         self.summary.skipped_stale += batch.decoded - len(batch.fresh)
         self.summary.dead_lettered += len(batch.bad)
+        if tracing_enabled():  # from its decoding to its offsets, linked to its recalcs
+            span = tracer().start_span(
+                "devstats.load_batch",
+                start_time=batch.started_ns,
+                links=links_to(batch.origins),
+                attributes={
+                    "topic": self.options.topic,
+                    "messages": batch.size,
+                    "inserted": len(batch.fresh),
+                    "dead_lettered": len(batch.bad),
+                },
+            )
+            span.end()
 
     def _retrying(self, batch: _Batch, failed: ClickHouseUnavailable) -> None:
         """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting

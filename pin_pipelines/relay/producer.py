@@ -136,21 +136,45 @@ class Sender:
             raise self._fatal(error) from exc
         self.in_transaction = True
 
-    def send(self, topic: str, key: str, value: bytes, partition: int = -1) -> None:
-        """Runs once per event: the common case is one librdkafka call."""
+    def send(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        partition: int = -1,
+        timestamp_ms: int = 0,
+        traceparent: str | None = None,
+    ) -> None:
+        """Runs once per event: the common case is one librdkafka call. `timestamp_ms` 0 lets
+        librdkafka stamp the message; a traceparent travels as the W3C header of that name."""
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [("traceparent", traceparent)] if traceparent else None
+        )
         try:
-            self.producer.produce(topic, value, key, partition)
+            self.producer.produce(
+                topic, value, key, partition, timestamp=timestamp_ms, headers=headers
+            )
         except BufferError:  # local queue full: let librdkafka drain it, within the timeout
-            self._send_when_room(topic, key, value, partition)
+            self._send_when_room(topic, key, value, partition, timestamp_ms, headers)
         except KafkaException as exc:  # refused before sending (e.g. too large)
             self._failures.append(Failure(exc.args[0], value))
 
-    def _send_when_room(self, topic: str, key: str, value: bytes, partition: int) -> None:
+    def _send_when_room(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        partition: int,
+        timestamp_ms: int,
+        headers: list[tuple[str, str | bytes | None]] | None,
+    ) -> None:
         deadline = time.monotonic() + self.timeout
         while True:
             self.producer.poll(0.05)
             try:
-                self.producer.produce(topic, value, key, partition)
+                self.producer.produce(
+                    topic, value, key, partition, timestamp=timestamp_ms, headers=headers
+                )
                 return
             except BufferError:
                 if time.monotonic() > deadline:

@@ -16,13 +16,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 from psycopg.types.json import Jsonb
 
@@ -105,9 +104,22 @@ def consume(
     keys: set[str],
     isolation: str = "read_committed",
 ) -> list[tuple[str, str, bytes]]:
-    """(topic, key, value) of `keys` from `start` to the current end, in offset order per
-    partition, as a consumer of this isolation level sees them. A partition is read when the
-    consumer reports its end there: commit markers take offsets but are never handed out, and a
+    """(topic, key, value) of `keys` from `start` to the current end (see consume_messages)."""
+    return [
+        (str(m.topic()), bytes(m.key() or b"").decode(), bytes(m.value() or b""))
+        for m in consume_messages(bootstrap, start, keys, isolation)
+    ]
+
+
+def consume_messages(
+    bootstrap: str,
+    start: dict[str, dict[int, int]],
+    keys: set[str],
+    isolation: str = "read_committed",
+) -> list[Message]:
+    """The messages of `keys` from `start` to the current end, in offset order per partition,
+    as a consumer of this isolation level sees them. A partition is read when the consumer
+    reports its end there: commit markers take offsets but are never handed out, and a
     read_committed consumer skips aborted transactions' messages, so offsets cannot tell."""
     end = end_offsets(bootstrap, list(start))
     remaining = {
@@ -123,7 +135,7 @@ def consume(
         }
     )
     consumer.assign([TopicPartition(t, p, start[t][p]) for t, p in remaining])
-    found: list[tuple[str, str, bytes]] = []
+    found: list[Message] = []
     deadline = time.monotonic() + 30
     try:
         while remaining and time.monotonic() < deadline:
@@ -135,24 +147,12 @@ def consume(
                     if int(msg.offset() or 0) >= remaining.get(tp, 0):
                         remaining.pop(tp, None)
                     continue
-                key = bytes(msg.key() or b"").decode()
-                if key in keys:
-                    found.append((tp[0], key, bytes(msg.value() or b"")))
+                if bytes(msg.key() or b"").decode() in keys:
+                    found.append(msg)
     finally:
         consumer.close()
     assert not remaining, f"did not reach the end offsets of {remaining}"
     return found
-
-
-@pytest.fixture(scope="module", autouse=True)
-def relay_transactional_id() -> Iterator[str]:
-    """The test database's own transactional.id, for every relay of the module (in process or
-    not): relays of other test sessions on the shared broker (other databases) would otherwise
-    fence these ones, and the other way round."""
-    dbname = os.environ["PIN_PG_DSN"].rsplit("/", 1)[1]
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PIN_RELAY_TRANSACTIONAL_ID", f"pin-outbox-relay-{dbname}")
-        yield f"pin-outbox-relay-{dbname}"
 
 
 @pytest.fixture
@@ -467,3 +467,28 @@ def test_an_event_kafka_refuses_aborts_its_batch_which_goes_out_again_without_it
     finally:
         outbox.execute("DELETE FROM chessboard.outbox_topics WHERE topic = %s", (small,))
         delete_topics(kafka_bootstrap, (small,))
+
+
+def test_a_message_is_stamped_with_its_outbox_row_creation_time(
+    outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
+) -> None:
+    """Tried: two events written a second apart and relayed together 1.5 s later. Each
+    message's Kafka timestamp is its outbox row's `created_at` to the millisecond (CreateTime),
+    not the moment the relay or the broker handled it: freshness downstream counts the wait in
+    the outbox too (issue 13). Without a recalc span the message has no traceparent header."""
+    keys = [str(uuid.uuid4()) for _ in range(2)]
+    for key in keys:
+        insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
+        time.sleep(1.0)
+    time.sleep(0.5)
+    created = dict(
+        outbox.execute(
+            "SELECT message_key, (extract(epoch FROM created_at) * 1000)::bigint"
+            " FROM chessboard.outbox_events"
+        ).fetchall()
+    )
+    assert relay_once(Settings.from_env()).published == 2
+    messages = consume_messages(kafka_bootstrap, start, set(keys))
+    stamped = {bytes(m.key() or b"").decode(): m.timestamp() for m in messages}
+    assert stamped == {key: (TIMESTAMP_CREATE_TIME, created[key]) for key in keys}
+    assert [m.headers() for m in messages] == [None, None]

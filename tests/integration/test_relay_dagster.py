@@ -27,7 +27,6 @@ from tests.integration.test_outbox_relay import (
     insert,
     outbox_count,
     payload,
-    relay_transactional_id,  # noqa: F401 (autouse: this database's own transactional.id)
 )
 
 

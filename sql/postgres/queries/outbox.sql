@@ -62,7 +62,9 @@ RETURNING last_seq;
 -- LOCKED: skipping a row would publish its key's next version before it.
 -- The value and the topic-free checks were computed when the row was written (migration 0005);
 -- only the registry's checks run here. The value leaves as UTF-8 bytea, so the binary cursor
--- hands Python the bytes Kafka sends.
+-- hands Python the bytes Kafka sends. The message's timestamp is the row's creation time in
+-- milliseconds (contract section 4: freshness is measured from the event, not from the broker's
+-- append), and the traceparent of the recalc that wrote it becomes a header (migration 0009).
 SELECT e.id, e.topic, e.message_key, convert_to(e.wire_value, 'UTF8') AS value,
        CASE
            WHEN t.topic IS NULL THEN 'unknown topic ' || e.topic
@@ -70,7 +72,9 @@ SELECT e.id, e.topic, e.message_key, convert_to(e.wire_value, 'UTF8') AS value,
            WHEN NOT e.payload ?& t.required_fields
                THEN 'payload misses ' || array_to_string(ARRAY(
                    SELECT f FROM unnest(t.required_fields) f WHERE NOT e.payload ? f), ', ')
-       END AS error
+       END AS error,
+       (extract(epoch FROM e.created_at) * 1000)::bigint AS timestamp_ms,
+       e.traceparent
 FROM chessboard.outbox_events e
 LEFT JOIN chessboard.outbox_topics t ON t.topic = e.topic
 WHERE e.id <= :horizon
