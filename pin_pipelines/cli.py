@@ -42,7 +42,12 @@ def cmd_stack(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.stack import services
 
     action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
-    results = action(settings, clickhouse_server_too=args.clickhouse_server)
+    results = action(
+        settings,
+        clickhouse_server_too=args.clickhouse_server,
+        clickhouse_cluster=args.clickhouse_cluster,
+        kafka_brokers=args.kafka_brokers,
+    )
     for result in results:
         print(services.describe(result), file=sys.stderr)
     _summary({"services": results})
@@ -74,7 +79,7 @@ def cmd_dagster_prune(args: argparse.Namespace, settings: Settings) -> None:
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.migrate import migrate_all
 
-    _summary(migrate_all(settings))
+    _summary(migrate_all(settings, allow_weaker_topics=args.allow_weaker_topics))
 
 
 def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
@@ -118,9 +123,15 @@ def cmd_recalc_requeue(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.relay import relay_once
+    from pin_pipelines.relay import OutboxRelay, relay_once
+    from pin_pipelines.signals import stop_requested
 
-    _summary(relay_once(settings).as_dict())
+    if args.once:
+        _summary(relay_once(settings).as_dict())
+        return
+    stopping = stop_requested()  # SIGTERM/SIGINT: the batch in hand commits, then exit 0
+    with OutboxRelay(settings) as relay:
+        _summary(relay.run_until(stopping).as_dict())
 
 
 def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
@@ -174,6 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also manage the Debian clickhouse-server (implied by a local clickhouse:// URL)",
     )
+    stack.add_argument(
+        "--clickhouse-cluster",
+        action="store_true",
+        help="also manage a local ClickHouse cluster: ZooKeeper and three clickhouse-servers, "
+        "2 shards, one with 2 replicas (implied by PIN_CLICKHOUSE_CLUSTER with a local URL)",
+    )
+    stack.add_argument(
+        "--kafka-brokers",
+        type=int,
+        metavar="N",
+        help="a local KRaft cluster of N Kafka nodes on PIN_KAFKA_BOOTSTRAP's port + 0, 2, 4, … "
+        "(default: the single broker, or the cluster that runs)",
+    )
     stack.set_defaults(handler=cmd_stack)
 
     serve = sub.add_parser("serve", help="dagster-daemon + dagster-webserver until interrupted")
@@ -193,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="schema").add_subparsers(dest="db_command", required=True)
     migrate = db.add_parser("migrate", help="PostgreSQL schema, ClickHouse database, Kafka topics")
+    migrate.add_argument(
+        "--allow-weaker-topics",
+        action="store_true",
+        help="accept existing Kafka topics with fewer partitions or a lower replication factor or "
+        "min.insync.replicas than the settings (reported in the summary either way)",
+    )
     migrate.set_defaults(handler=cmd_db_migrate)
 
     sample = sub.add_parser("sample", help="demo data").add_subparsers(
@@ -223,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="outbox_command", required=True
     )
     relay = outbox.add_parser("relay", help="publish committed outbox events to Kafka")
-    relay.add_argument("--once", action="store_true", required=True)
+    relay.add_argument(
+        "--once", action="store_true", help="up to the events committed at the start, then exit"
+    )
     relay.set_defaults(handler=cmd_outbox_relay)
 
     devstats = sub.add_parser("devstats", help="dev-stats dimension").add_subparsers(

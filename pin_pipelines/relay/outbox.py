@@ -98,15 +98,16 @@ class OutboxRelay:
             self._conn.close()
             self._conn = None
 
-    def run_once(self) -> RelaySummary:
-        """Publish every event committed before this call; returns what was done."""
+    def run_once(self, should_stop: Callable[[], bool] = lambda: False) -> RelaySummary:
+        """Publish every event committed before this call; returns what was done. `should_stop`
+        is checked between batches: the batch in hand commits (or aborts) whole first."""
         started = time.monotonic()
         summary = RelaySummary()
         try:
             conn = self._connection()
             horizon = Q.outbox_horizon(conn)
             if horizon is not None:
-                self._relay_up_to(conn, horizon, summary)
+                self._relay_up_to(conn, horizon, summary, should_stop)
             summary.pending, summary.lag_seconds = Q.backlog(conn)
         except psycopg.errors.LockNotAvailable as exc:
             raise PinError(
@@ -123,21 +124,26 @@ class OutboxRelay:
             log_event(log, "relay_run", level=logging.INFO, **summary.as_dict())
         return summary
 
-    def run_until(self, stop: threading.Event, idle_seconds: float = 0.1) -> None:
-        """Relay continuously (a long-running worker keeps the lag well under a sensor tick).
+    def run_until(self, should_stop: Callable[[], bool], idle_seconds: float = 0.1) -> RelaySummary:
+        """Relay continuously until `should_stop` (`pin outbox relay` without --once: a
+        long-running worker keeps the lag well under a sensor tick); returns the total.
 
-        Errors are logged and retried after a pause; the broker or database coming back is
-        enough for the relay to resume (with a new producer: a failed run drops its own).
+        An empty outbox is polled every `idle_seconds`. Errors are logged and retried after a
+        second; the broker or database coming back is enough for the relay to resume (with a
+        new producer: a failed run drops its own). A stop lets the batch in hand finish.
         """
-        while not stop.is_set():
+        total = RelaySummary()
+        while not should_stop():
             try:
-                summary = self.run_once()
+                summary = self.run_once(should_stop)
             except PinError as exc:
                 log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
-                stop.wait(max(idle_seconds, 1.0))
+                _sleep_unless(should_stop, max(idle_seconds, 1.0))
                 continue
+            total.merge(summary)
             if summary.published == 0 and summary.dead_lettered == 0:
-                stop.wait(idle_seconds)
+                _sleep_unless(should_stop, idle_seconds)
+        return total
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -153,11 +159,17 @@ class OutboxRelay:
             self._conn = conn
         return self._conn
 
-    def _relay_up_to(self, conn: psycopg.Connection, horizon: int, summary: RelaySummary) -> None:
+    def _relay_up_to(
+        self,
+        conn: psycopg.Connection,
+        horizon: int,
+        summary: RelaySummary,
+        should_stop: Callable[[], bool],
+    ) -> None:
         sender = self._sender_for(conn, summary)
         try:
             done = False
-            while not done:
+            while not done and not should_stop():
                 done = self._batch(conn, sender, horizon, summary)
         except BaseException:
             # Whatever failed, the next batch starts with a new producer: it aborts what this
@@ -454,6 +466,13 @@ def _fetched_ahead(cursor: psycopg.ServerCursor[Any]) -> Iterator[list[Any]]:
             with contextlib.suppress(queue.Empty):
                 chunks.get(timeout=0.1)
         thread.join()
+
+
+def _sleep_unless(should_stop: Callable[[], bool], seconds: float) -> None:
+    """Sleep up to `seconds`, waking within 50 ms of a stop (a signal handler's flag)."""
+    deadline = time.monotonic() + seconds
+    while not should_stop() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def relay_once(settings: Settings, **options: Any) -> RelaySummary:

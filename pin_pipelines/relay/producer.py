@@ -74,6 +74,10 @@ def producer_config(bootstrap: str, delivery_timeout: float) -> dict[str, Any]:
         "linger.ms": 20,
         "compression.type": "lz4",
         "message.timeout.ms": int(delivery_timeout * 1000),
+        # The Java client's partitioner (murmur2 of the key; librdkafka's default is CRC32): a
+        # key lands on the partition Java producers (Debezium, Kafka Streams) pick for it, so
+        # the topics can be shared with them and joined co-partitioned (issue 19).
+        "partitioner": "murmur2_random",
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -492,3 +493,44 @@ def test_a_message_is_stamped_with_its_outbox_row_creation_time(
     stamped = {bytes(m.key() or b"").decode(): m.timestamp() for m in messages}
     assert stamped == {key: (TIMESTAMP_CREATE_TIME, created[key]) for key in keys}
     assert [m.headers() for m in messages] == [None, None]
+
+
+def test_pin_outbox_relay_without_once_relays_continuously_until_sigterm(
+    outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
+) -> None:
+    """Tried: `pin outbox relay` without --once (issue 19), events committed in three rounds a
+    second apart while it runs: each round is in Kafka within 2 s of its commit without another
+    launch; SIGTERM then ends it with exit 0 and the JSON summary of everything it published, and
+    the outbox is empty."""
+    relay = subprocess.Popen(
+        [str(Path(sys.executable).with_name("pin")), "outbox", "relay"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    warm = str(uuid.uuid4())
+    keys: list[str] = [warm]
+    try:
+        insert(outbox, [(TOPIC_PROJECT, warm, payload(TOPIC_PROJECT, warm, 1))])
+        deadline = time.monotonic() + 30  # interpreter and producer start-up
+        while outbox_count(outbox) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(3):
+            batch = [str(uuid.uuid4()) for _ in range(20)]
+            insert(outbox, [(TOPIC_PROJECT, k, payload(TOPIC_PROJECT, k, 1)) for k in batch])
+            keys += batch
+            committed = time.monotonic()
+            while outbox_count(outbox) and time.monotonic() - committed < 2.0:
+                time.sleep(0.05)
+            assert outbox_count(outbox) == 0, "not relayed within 2 s"
+            time.sleep(1.0)
+        relay.send_signal(signal.SIGTERM)
+        stdout, stderr = relay.communicate(timeout=15)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate(timeout=10)
+    assert relay.returncode == 0, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["published"] == len(keys)
+    assert sorted(k for _, k, _ in consume(kafka_bootstrap, start, set(keys))) == sorted(keys)
