@@ -23,6 +23,7 @@ from psycopg import errors as pg_errors
 from pin_pipelines.db import connection, queries
 from pin_pipelines.logs import log_event
 from pin_pipelines.metrics.recording import record_outcome, record_tick
+from pin_pipelines.quantiles import quantile
 from pin_pipelines.tracing import current_traceparent, tracer
 
 log = logging.getLogger("pin_pipelines.recalc")
@@ -90,18 +91,12 @@ class TickSummary:
             "coalesced_events": sum(
                 r.requested_count for r in self.results if r.outcome != "failed"
             ),
-            "duration_p50_seconds": _quantile(durations, 0.50),
-            "duration_p99_seconds": _quantile(durations, 0.99),
+            "duration_p50_seconds": quantile(durations, 0.50),
+            "duration_p99_seconds": quantile(durations, 0.99),
             "stopped_early": self.stopped_early,
             # Bounded by the batch size: the run's event log carries failures with their error.
             "failures": {str(r.project_id): r.error for r in self.results if r.outcome == "failed"},
         }
-
-
-def _quantile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 6)
 
 
 def _never() -> bool:

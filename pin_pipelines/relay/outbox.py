@@ -124,22 +124,31 @@ class OutboxRelay:
             log_event(log, "relay_run", level=logging.INFO, **summary.as_dict())
         return summary
 
-    def run_until(self, should_stop: Callable[[], bool], idle_seconds: float = 0.1) -> RelaySummary:
-        """Relay continuously until `should_stop` (`pin outbox relay` without --once: a
-        long-running worker keeps the lag well under a sensor tick); returns the total.
+    def run_until(
+        self,
+        should_stop: Callable[[], bool],
+        idle_seconds: float = 0.1,
+        total: RelaySummary | None = None,
+    ) -> RelaySummary:
+        """Relay continuously until `should_stop` (`pin outbox relay` without --once, a Dagster
+        relay run); returns the total, also accumulated into `total` as it goes.
 
-        An empty outbox is polled every `idle_seconds`. Errors are logged and retried after a
-        second; the broker or database coming back is enough for the relay to resume (with a
-        new producer: a failed run drops its own). A stop lets the batch in hand finish.
+        An empty outbox is polled every `idle_seconds`. Errors are logged, counted in the total
+        (`failed_runs`; `last_error` until the next success) and retried after a second; the
+        broker or database coming back is enough for the relay to resume (with a new producer:
+        a failed run drops its own). A stop lets the batch in hand finish.
         """
-        total = RelaySummary()
+        total = total if total is not None else RelaySummary()
         while not should_stop():
             try:
                 summary = self.run_once(should_stop)
             except PinError as exc:
                 log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
+                total.failed_runs += 1
+                total.last_error = str(exc)
                 _sleep_unless(should_stop, max(idle_seconds, 1.0))
                 continue
+            total.last_error = None
             total.merge(summary)
             if summary.published == 0 and summary.dead_lettered == 0:
                 _sleep_unless(should_stop, idle_seconds)
@@ -287,6 +296,9 @@ class OutboxRelay:
         if published:
             self._seq = seq
         summary.add_batch(published, dead)
+        if published:
+            committed_ms = time.time() * 1000
+            summary.add_delivery_lags([(committed_ms - row[5]) / 1000 for row in batch.sent])
         log_event(
             log,
             "relay_batch",

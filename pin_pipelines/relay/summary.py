@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+
+from pin_pipelines.quantiles import quantile
+
+#: Delivery lags kept per summary (a uniform sample beyond that).
+LAG_SAMPLE = 5000
 
 
 @dataclass
@@ -21,11 +27,28 @@ class RelaySummary:
     #: Age of the oldest event left in the outbox at the end (0 when it is empty).
     lag_seconds: float = 0.0
     duration_seconds: float = 0.0
+    #: A continuous relay's runs that failed (retried), and the error of the last one when no
+    #: run succeeded after it: the relay ended while Kafka or PostgreSQL was failing.
+    failed_runs: int = 0
+    last_error: str | None = None
+    #: Commit → Kafka per published event (its outbox row's creation to its transaction's
+    #: commit), a uniform sample of at most LAG_SAMPLE events: the run's lag p50/p99.
+    delivery_lags: list[float] = field(default_factory=list, repr=False)
+    _lags_seen: int = field(default=0, repr=False)
 
     def add_batch(self, published: Mapping[str, int], dead_lettered: Mapping[str, int]) -> None:
         """A batch's counts per topic."""
         self._add(published, dead_lettered)
         self.batches += 1
+
+    def add_delivery_lags(self, lags: Sequence[float]) -> None:
+        """Reservoir sampling (algorithm R): bounded memory for a relay that runs for hours."""
+        for lag in lags:
+            self._lags_seen += 1
+            if len(self.delivery_lags) < LAG_SAMPLE:
+                self.delivery_lags.append(lag)
+            elif (slot := random.randrange(self._lags_seen)) < LAG_SAMPLE:
+                self.delivery_lags[slot] = lag
 
     def merge(self, later: RelaySummary) -> None:
         """Fold a later run in (a job relaying several times reports one total): counts add up,
@@ -35,6 +58,8 @@ class RelaySummary:
         self.recovered += later.recovered
         self.pending, self.lag_seconds = later.pending, later.lag_seconds
         self.duration_seconds += later.duration_seconds
+        if later.delivery_lags:
+            self.add_delivery_lags(later.delivery_lags)
 
     def _add(self, published: Mapping[str, int], dead_lettered: Mapping[str, int]) -> None:
         for topic, count in published.items():
@@ -46,6 +71,10 @@ class RelaySummary:
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
+        del data["delivery_lags"], data["_lags_seen"]
         data["lag_seconds"] = round(self.lag_seconds, 3)
         data["duration_seconds"] = round(self.duration_seconds, 3)
+        lags = sorted(self.delivery_lags)
+        data["delivery_lag_p50_seconds"] = quantile(lags, 0.50)
+        data["delivery_lag_p99_seconds"] = quantile(lags, 0.99)
         return data

@@ -12,14 +12,15 @@ from typing import Any
 import dagster as dg
 import psycopg
 import pytest
+from dagster._core.events import DagsterEvent, DagsterEventType
 
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
-from pin_pipelines.defs.relay.sensors import outbox_relay_sensor
+from pin_pipelines.defs.relay.sensors import HANDOVER_SECONDS, outbox_relay_sensor
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP
-from pin_pipelines.relay import OutboxRelay, relay_lag
+from pin_pipelines.relay import OutboxRelay
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from tests.integration.test_outbox_relay import (
     TOPICS,
@@ -36,8 +37,9 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def relay_config(budget: float = 10.0, idle: float = 0.5) -> dict[str, Any]:
-    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget, "idle_seconds": idle}}}}
+def relay_config(budget: float = 2.0) -> dict[str, Any]:
+    """A short run: the relay is continuous, the job ends at its budget."""
+    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget, "poll_seconds": 0.1}}}}
 
 
 def metadata_of(event: Any) -> dict[str, Any]:
@@ -122,21 +124,22 @@ def test_relay_job_that_fails_midway_still_materializes_what_it_published(
     instance: dg.DagsterInstance,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The broker going away after a first pass: the run fails with the relay's error, and the
-    events it did publish are still recorded on their topic asset."""
+    """The broker going away after a first pass: the continuous relay retries until its budget
+    ends, the run then fails with the relay's error, and the events it did publish are still
+    recorded on their topic asset."""
     key = str(uuid.uuid4())
     insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
     real_run_once, calls = OutboxRelay.run_once, []
 
-    def run_once_then_fail(self: OutboxRelay) -> Any:
+    def run_once_then_fail(self: OutboxRelay, should_stop: Any) -> Any:
         calls.append(1)
         if len(calls) > 1:
             raise PinError("Kafka at 127.0.0.1:9092 timed out (simulated)")
-        return real_run_once(self)
+        return real_run_once(self, should_stop)
 
     monkeypatch.setattr(OutboxRelay, "run_once", run_once_then_fail)
     result = outbox_relay_job.execute_in_process(
-        run_config=relay_config(idle=30),
+        run_config=relay_config(budget=3.0),
         resources=RESOURCES,
         instance=instance,
         raise_on_error=False,
@@ -159,28 +162,46 @@ def evaluate(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
     return result
 
 
-def test_sensor_skips_an_empty_outbox_and_requests_a_run_for_pending_events(
-    outbox: psycopg.Connection, instance: dg.DagsterInstance
-) -> None:
-    empty = evaluate(instance)
-    assert isinstance(empty, dg.SkipReason)
-    assert "empty" in (empty.skip_message or "")
-
-    key = str(uuid.uuid4())
-    insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
-    assert relay_lag(outbox)["pending"] == 1
-    request = evaluate(instance)
-    assert isinstance(request, dg.RunRequest)
-    assert request.tags["pin/outbox_pending"] == "1"
-
-    instance.create_run_for_job(
+def _started_run(instance: dg.DagsterInstance, budget: float) -> str:
+    """A relay run in flight that started just now, with this budget."""
+    run = instance.create_run_for_job(
         job_def=outbox_relay_job,
-        run_config=relay_config(),
+        run_config=relay_config(budget=budget),
         status=dg.DagsterRunStatus.STARTED,
     )
+    instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name), run_id=run.run_id
+    )
+    return run.run_id
+
+
+def test_sensor_keeps_one_relay_run_going_and_launches_its_successor_near_its_end(
+    outbox: psycopg.Connection, instance: dg.DagsterInstance
+) -> None:
+    """Tried: no relay run (even with an empty outbox: the relay is continuous, so the first
+    event after a quiet hour is published at once), a run that just started with the default
+    5-minute budget, and one whose budget ends within the hand-over margin. The sensor launches
+    in the first case, skips in the second, launches the successor (tagged with the run it takes
+    over from) in the third, and skips once both are in flight."""
+    empty = evaluate(instance)
+    assert isinstance(empty, dg.RunRequest)
+    assert empty.tags["pin/outbox_pending"] == "0"
+
+    _started_run(instance, budget=300.0)
     busy = evaluate(instance)
     assert isinstance(busy, dg.SkipReason)
     assert "already queued or running" in (busy.skip_message or "")
+
+    for record in instance.get_run_records():
+        instance.report_run_canceled(record.dagster_run)
+    ending = _started_run(instance, budget=HANDOVER_SECONDS)
+    successor = evaluate(instance)
+    assert isinstance(successor, dg.RunRequest)
+    assert successor.tags["pin/takes_over_from"] == ending
+
+    _started_run(instance, budget=300.0)
+    both = evaluate(instance)
+    assert isinstance(both, dg.SkipReason)
 
 
 def test_sensor_skips_with_the_reason_when_postgres_is_unreachable(
