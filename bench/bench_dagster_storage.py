@@ -29,11 +29,35 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BASE_DSN, fresh_database
+from confluent_kafka import Consumer, TopicPartition
 
+from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP as DEFAULT_KAFKA
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.db import queries
+from pin_pipelines.devstats.loader import DEFAULT_GROUP
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
 SUCCESS_RETENTION_DAYS = 3
+
+
+def skip_to_end(bootstrap: str) -> None:
+    """Commit the loader's group at the end offsets of the layout-group topic."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": DEFAULT_GROUP})
+    try:
+        partitions = consumer.list_topics(TOPIC_LAYOUT_GROUP, timeout=10).topics
+        offsets = [
+            TopicPartition(
+                TOPIC_LAYOUT_GROUP,
+                p,
+                consumer.get_watermark_offsets(TopicPartition(TOPIC_LAYOUT_GROUP, p), timeout=10)[
+                    1
+                ],
+            )
+            for p in partitions[TOPIC_LAYOUT_GROUP].partitions
+        ]
+        consumer.commit(offsets=offsets, asynchronous=False)
+    finally:
+        consumer.close()
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -74,7 +98,17 @@ def main() -> None:
         "DAGSTER_HOME": str(home),
         "PIN_DAGSTER_PG_URL": dagster_pg_url_from(dsn, dagster_db),
         "PIN_DAGSTER_PORT": str(args.port),
+        "PIN_CLICKHOUSE_URL": f"chdb://{home / 'chdb'}",  # a dimension of its own, migrated
     }
+    subprocess.run(
+        [sys.executable, "-m", "pin_pipelines.cli", "db", "migrate"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    # The dimension loader's consumer group starts at the topic's end: a shared dev broker may
+    # hold millions of older events, and loading them is not the load this measures.
+    skip_to_end(env.get("PIN_KAFKA_BOOTSTRAP", DEFAULT_KAFKA))
     serve = subprocess.Popen(
         [sys.executable, "-m", "pin_pipelines.cli", "serve"],
         env=env,

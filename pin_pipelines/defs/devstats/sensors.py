@@ -8,6 +8,9 @@ from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
 from pin_pipelines.devstats.freshness import unloaded_events
 from pin_pipelines.errors import PinError
 
+#: Unloaded events above which another load joins the running one(s): about ten batches.
+BACKLOG_EVENTS = 10_000
+
 
 @dg.sensor(
     job=dim_layout_group_job,
@@ -19,11 +22,17 @@ def dim_layout_group_sensor(context: dg.SensorEvaluationContext) -> dg.RunReques
     if instance_stopping(context.instance):
         return dg.SkipReason(STOPPING_REASON)
     try:
-        lag = unloaded_events(Settings.from_env())
+        settings = Settings.from_env()
+        lag = unloaded_events(settings)
     except PinError as exc:
         return dg.SkipReason(f"consumer lag unreadable: {exc}")
     if not lag.events:
         return dg.SkipReason("dim_layout_group is up to date with the topic")
-    if runs_in_flight(context, dim_layout_group_job.name):
-        return dg.SkipReason("a load is already queued or running")
+    # Loads are consumers of one group: each more splits the partitions (on a ClickHouse server;
+    # one on chdb). A second one joins only for a backlog, since each join costs a rebalance. The
+    # run queue admits no more than this either (pin_pipelines/dagster_instance.py).
+    max_runs = settings.devstats_max_load_runs
+    runs = runs_in_flight(context, dim_layout_group_job.name, limit=max_runs)
+    if runs >= max_runs or (runs and lag.events < BACKLOG_EVENTS):
+        return dg.SkipReason(f"{runs} load(s) already queued or running")
     return dg.RunRequest(tags={"pin/unloaded_events": str(lag.events)})

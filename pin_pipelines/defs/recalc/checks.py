@@ -55,5 +55,5 @@ def no_poisoned_recalc_requests(pin: PinSettings) -> dg.AssetCheckResult:
 poison_check_job = dg.define_asset_job(
     "recalc_poison_check_job",
     selection=dg.AssetSelection.checks(no_poisoned_recalc_requests),
-    description="Evaluates no_poisoned_recalc_requests (scheduled every minute).",
+    description="Evaluates no_poisoned_recalc_requests (scheduled every 5 minutes).",
 )
