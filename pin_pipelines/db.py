@@ -11,7 +11,7 @@ import aiosql
 import psycopg
 
 from pin_pipelines.config import SQL_DIR
-from pin_pipelines.errors import PinError
+from pin_pipelines.errors import PinError, first_line
 
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
 
@@ -21,8 +21,7 @@ def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 5) -> 
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PinError(f"PostgreSQL at {_redact(dsn)} is unreachable: {first_line}") from exc
+        raise PinError(f"PostgreSQL at {_redact(dsn)} is unreachable: {first_line(exc)}") from exc
 
 
 @contextmanager

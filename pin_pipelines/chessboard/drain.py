@@ -21,6 +21,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from pin_pipelines.db import connection, queries
+from pin_pipelines.errors import first_line
 from pin_pipelines.logs import log_event
 from pin_pipelines.metrics.recording import record_outcome, record_tick
 from pin_pipelines.quantiles import quantile
@@ -368,7 +369,7 @@ def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
             "project_claim_not_released",
             level=logging.WARNING,
             project_id=str(claim.project_id),
-            error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            error=first_line(exc),
         )
 
 
