@@ -1,7 +1,17 @@
-"""End-to-end lag (issue 3): a committed object change → the project's aggregates updated, with
-`pin serve` (Dagster daemon + sensor) running and the spec's 30 s debounce. Prints ONE JSON line.
+"""End-to-end lag (issues 3, 19): a committed change → the project's aggregates updated → its
+event in Kafka → the dimension row, with `pin serve` (daemon, sensors, runs) running and the
+spec's 30 s debounce. Prints ONE JSON line.
 
     .venv/bin/python bench/bench_e2e_lag.py [--changes 20] [--every 3]
+
+Each change moves one layout's area, so its project's layout group gets new bounds: a
+layout-group event the dimension loads. Legs, each p50/p99 in seconds:
+- edit → recalc commit: the edit's commit to the group row's new `updated_at` (the drain);
+- commit → Kafka: the event's outbox `CreatedAt` to its arrival at a read_committed consumer;
+- Kafka → dimension: that arrival to the row's SourceVersion being visible to an argMax read;
+- end to end: the edit's commit to the row being visible.
+The dimension lives on the Debian ClickHouse server of `pin stack up --clickhouse-server` (a
+database of its own), so this script can read it while the loader writes.
 """
 
 from __future__ import annotations
@@ -15,15 +25,49 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
+from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fresh_database, quantiles
+from _common import BASE_DSN, fresh_database, quantiles
 
+from pin_pipelines.clickhouse import open_clickhouse
+from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.db import queries
+from pin_pipelines.devstats.dim import stored_versions
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+
+CLICKHOUSE_URL = os.environ.get(
+    "PIN_BENCH_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
+)
+
+
+def _seconds(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    q = quantiles(values)
+    return {
+        "n": q["n"],
+        "p50_s": round(q["p50_ms"] / 1000, 2),
+        "p99_s": round(q["p99_ms"] / 1000, 2),
+    }
+
+
+def _end_offsets(consumer: Consumer) -> list[TopicPartition]:
+    topic = consumer.list_topics(TOPIC_LAYOUT_GROUP, timeout=10).topics[TOPIC_LAYOUT_GROUP]
+    return [
+        TopicPartition(
+            TOPIC_LAYOUT_GROUP,
+            p,
+            consumer.get_watermark_offsets(TopicPartition(TOPIC_LAYOUT_GROUP, p), timeout=10)[1],
+        )
+        for p in topic.partitions
+    ]
 
 
 def main() -> None:
@@ -34,6 +78,26 @@ def main() -> None:
     args = parser.parse_args()
 
     dsn = fresh_database("pin_bench_e2e")
+    dagster_db = "pin_bench_e2e_dagster"
+    with psycopg.connect(dsn_with_dbname(BASE_DSN, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dagster_db}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dagster_db}"')
+    bootstrap = os.environ.get("PIN_KAFKA_BOOTSTRAP", DEFAULT_KAFKA_BOOTSTRAP)
+    home = tempfile.mkdtemp(prefix="pin-bench-dagster-")
+    env = {
+        **os.environ,
+        "PIN_PG_DSN": dsn,
+        "DAGSTER_HOME": home,
+        "PIN_DAGSTER_PG_URL": dagster_pg_url_from(dsn, dagster_db),
+        "PIN_DAGSTER_PORT": str(args.port),
+        "PIN_CLICKHOUSE_URL": CLICKHOUSE_URL,
+    }
+    subprocess.run(
+        [sys.executable, "-m", "pin_pipelines.cli", "db", "migrate"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         projects = [
             r[0]
@@ -43,82 +107,102 @@ def main() -> None:
         ]
         # The initial load is not what we measure: settle it before the daemon starts.
         conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pin_pipelines.cli",
-            "recalc",
-            "drain",
-            "--once",
-            "--batch-size",
-            "1000",
-        ],
-        env={**os.environ, "PIN_PG_DSN": dsn},
-        check=True,
-        capture_output=True,
+    for argv in (
+        ["recalc", "drain", "--once", "--batch-size", "1000"],
+        ["outbox", "relay", "--once"],
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "pin_pipelines.cli", *argv],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+    # The loader's group starts at the topic's end: older events are not this run's load.
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-e2e-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
     )
+    ends = _end_offsets(consumer)
+    loader = Consumer({"bootstrap.servers": bootstrap, "group.id": "pin-devstats-dim-layout-group"})
+    loader.commit(offsets=ends, asynchronous=False)
+    loader.close()
+    consumer.assign(ends)
 
-    home = tempfile.mkdtemp(prefix="pin-bench-dagster-")
-    env = {
-        **os.environ,
-        "PIN_PG_DSN": dsn,
-        "DAGSTER_HOME": home,
-        "PIN_DAGSTER_PORT": str(args.port),
-    }
     serve = subprocess.Popen(
         [sys.executable, "-m", "pin_pipelines.cli", "serve"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    edited: dict[object, float] = {}  # layout group → its edit's commit (epoch seconds)
+    recalc: dict[object, float] = {}
+    kafka: dict[str, tuple[float, float]] = {}  # group → (CreatedAt, arrival)
+    visible: dict[object, float] = {}
     try:
         time.sleep(15)  # daemon and code server start-up
-        committed: dict[object, float] = {}
-        lags: dict[object, float] = {}
         random.shuffle(projects)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            deadline = time.time() + args.changes * args.every + 120
-            while time.time() < deadline and len(lags) < args.changes:
-                if len(committed) < args.changes and (
-                    not committed or time.time() - max(committed.values()) >= args.every
+        with psycopg.connect(dsn, autocommit=True) as conn, open_clickhouse(CLICKHOUSE_URL) as ch:
+            deadline = time.time() + args.changes * args.every + 150
+            while time.time() < deadline and len(visible) < args.changes:
+                if len(edited) < args.changes and (
+                    not edited or time.time() - max(edited.values()) >= args.every
                 ):
-                    project = projects[len(committed)]
-                    conn.execute(
-                        "UPDATE chessboard.property_objects SET price = price + 1 WHERE id ="
-                        " (SELECT id FROM chessboard.property_objects WHERE project_id = %s"
-                        " AND status = 'Free' LIMIT 1)",
-                        (project,),
-                    )
-                    committed[project] = time.time()
-                pending = [p for p in committed if p not in lags]
+                    row = conn.execute(
+                        "UPDATE chessboard.layouts SET total_area = total_area + 1 WHERE id ="
+                        " (SELECT id FROM chessboard.layouts WHERE project_id = %s"
+                        "  AND layout_group_id IS NOT NULL LIMIT 1)"
+                        " RETURNING layout_group_id",
+                        (projects[len(edited)],),
+                    ).fetchone()
+                    edited[row[0]] = time.time()
+                for msg in consumer.consume(100, timeout=0.1):
+                    if msg.error() is None:
+                        arrived = time.time()
+                        event = json.loads(msg.value() or b"{}")
+                        created = datetime.fromisoformat(event["CreatedAt"].replace("Z", "+00:00"))
+                        kafka.setdefault(event["Id"], (created.timestamp(), arrived))
+                pending = [g for g in edited if g not in visible]
                 if pending:
-                    rows = conn.execute(
-                        "SELECT id, extract(epoch FROM updated_at) FROM chessboard.projects"
+                    for group, updated in conn.execute(
+                        "SELECT id, extract(epoch FROM updated_at) FROM chessboard.layout_groups"
                         " WHERE id = ANY(%s)",
                         (pending,),
-                    ).fetchall()
-                    for project, updated in rows:
-                        if float(updated) > committed[project]:
-                            lags[project] = float(updated) - committed[project]
-                time.sleep(0.2)
+                    ).fetchall():
+                        if float(updated) > edited[group]:
+                            recalc.setdefault(group, float(updated))
+                    versions = stored_versions(ch, pending)  # the argMax read, by UUID int
+                    expected = dict(
+                        conn.execute(
+                            "SELECT id, version FROM chessboard.layout_groups WHERE id = ANY(%s)",
+                            ([g for g in pending if g in recalc],),
+                        ).fetchall()
+                    )
+                    for group, version in expected.items():
+                        if versions.get(group.int, -1) >= version:
+                            visible[group] = time.time()
+                time.sleep(0.1)
     finally:
         serve.send_signal(signal.SIGTERM)
-        serve.wait(60)
+        serve.wait(120)
+        consumer.close()
+    legs = {
+        "edit_to_recalc_commit": [recalc[g] - edited[g] for g in recalc],
+        "commit_to_kafka": [kafka[str(g)][1] - kafka[str(g)][0] for g in edited if str(g) in kafka],
+        "kafka_to_dimension": [visible[g] - kafka[str(g)][1] for g in visible if str(g) in kafka],
+        "end_to_end": [visible[g] - edited[g] for g in visible],
+    }
     print(
         json.dumps(
             {
                 "bench": "e2e_lag",
                 "debounce_s": 30,
                 "changes": args.changes,
-                "observed": len(lags),
-                "lag_seconds": {
-                    k.replace("_ms", "_s"): round(v / 1000, 2)
-                    for k, v in quantiles(list(lags.values())).items()
-                    if k != "n"
-                }
-                if lags
-                else None,
+                "observed": len(visible),
+                "lag": {name: _seconds(values) for name, values in legs.items()},
             }
         )
     )

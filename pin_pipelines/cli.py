@@ -126,11 +126,12 @@ def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.relay import OutboxRelay, relay_once
     from pin_pipelines.signals import stop_requested
 
+    options = {} if args.batch_size is None else {"batch_size": args.batch_size}
     if args.once:
-        _summary(relay_once(settings).as_dict())
+        _summary(relay_once(settings, **options).as_dict())
         return
     stopping = stop_requested()  # SIGTERM/SIGINT: the batch in hand commits, then exit 0
-    with OutboxRelay(settings) as relay:
+    with OutboxRelay(settings, **options) as relay:
         _summary(relay.run_until(stopping).as_dict())
 
 
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     relay = outbox.add_parser("relay", help="publish committed outbox events to Kafka")
     relay.add_argument(
         "--once", action="store_true", help="up to the events committed at the start, then exit"
+    )
+    relay.add_argument(
+        "--batch-size", type=int, default=None, help="events per Kafka transaction (max 20000)"
     )
     relay.set_defaults(handler=cmd_outbox_relay)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,11 @@ DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
 DEFAULT_RELAY_TRANSACTIONAL_ID = "pin-outbox-relay"
+DEFAULT_KAFKA_PARTITIONS = 6
+DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
+#: A ClickHouse cluster name goes into DDL unquoted (`ON CLUSTER name`, `Distributed(name, …)`).
+_CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: The repository root when the package runs from a checkout (the normal case, editable install).
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +38,9 @@ class Settings:
     pg_dsn: str
     kafka_bootstrap: str
     clickhouse_url: str
+    #: PIN_CLICKHOUSE_CLUSTER: the `remote_servers` cluster `pin db migrate` creates the dimension
+    #: on (`ON CLUSTER`, a Distributed table over replicated local tables); None: one node.
+    clickhouse_cluster: str | None
     state_dir: Path
     dagster_home: Path
     dagster_port: int
@@ -48,6 +56,17 @@ class Settings:
     #: (PIN_DAGSTER_RETENTION_FAILURE_DAYS).
     dagster_retention_success_days: float
     dagster_retention_failure_days: float
+    #: Topics `pin db migrate` (and the relay) create: partitions (PIN_KAFKA_PARTITIONS),
+    #: replication factor (PIN_KAFKA_REPLICATION_FACTOR; None: min(3, brokers of the cluster)) and
+    #: min.insync.replicas (PIN_KAFKA_MIN_INSYNC_REPLICAS; None: replication factor − 1, ≥ 1).
+    #: None is resolved against the cluster at creation time (pin_pipelines/kafka.py, TopicPolicy).
+    kafka_partitions: int = DEFAULT_KAFKA_PARTITIONS
+    kafka_replication_factor: int | None = None
+    kafka_min_insync_replicas: int | None = None
+    #: Concurrent dim_layout_group loads (PIN_DEVSTATS_MAX_LOAD_RUNS): the sensor launches no more,
+    #: the run queue admits no more. Each is a consumer of the loader's group; more than one only
+    #: on a ClickHouse server (the embedded engine admits one process per folder).
+    devstats_max_load_runs: int = DEFAULT_DEVSTATS_MAX_LOAD_RUNS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -55,6 +74,12 @@ class Settings:
         state_dir = Path(e.get("PIN_STATE_DIR") or _default_state_dir()).resolve()
         pg_dsn = e.get("PIN_PG_DSN") or DEFAULT_PG_DSN
         clickhouse_url = e.get("PIN_CLICKHOUSE_URL") or f"chdb://{state_dir / 'chdb'}"
+        clickhouse_cluster = e.get("PIN_CLICKHOUSE_CLUSTER") or None
+        if clickhouse_cluster is not None and not _CLUSTER_NAME.fullmatch(clickhouse_cluster):
+            raise PinError(
+                "PIN_CLICKHOUSE_CLUSTER must be a cluster name of remote_servers (letters, digits, "
+                f"underscores), got {clickhouse_cluster!r}"
+            )
         port = e.get("PIN_DAGSTER_PORT") or "3000"
         if not port.isdigit():
             raise PinError(f"PIN_DAGSTER_PORT must be a port number, got {port!r}")
@@ -67,6 +92,7 @@ class Settings:
             pg_dsn=pg_dsn,
             kafka_bootstrap=e.get("PIN_KAFKA_BOOTSTRAP") or DEFAULT_KAFKA_BOOTSTRAP,
             clickhouse_url=clickhouse_url,
+            clickhouse_cluster=clickhouse_cluster,
             state_dir=state_dir,
             dagster_home=Path(e.get("DAGSTER_HOME") or state_dir / "dagster_home"),
             dagster_port=int(port),
@@ -76,6 +102,10 @@ class Settings:
             or DEFAULT_RELAY_TRANSACTIONAL_ID,
             dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
             dagster_retention_failure_days=_days(e, "PIN_DAGSTER_RETENTION_FAILURE_DAYS", 14.0),
+            kafka_partitions=_whole(e, "PIN_KAFKA_PARTITIONS") or DEFAULT_KAFKA_PARTITIONS,
+            kafka_replication_factor=_whole(e, "PIN_KAFKA_REPLICATION_FACTOR"),
+            kafka_min_insync_replicas=_whole(e, "PIN_KAFKA_MIN_INSYNC_REPLICAS"),
+            devstats_max_load_runs=_load_runs(e, clickhouse_url),
         )
 
     @property
@@ -93,6 +123,28 @@ class Settings:
     @property
     def kafka_is_local(self) -> bool:
         return self.kafka_host_port[0] in LOOPBACK_HOSTS
+
+
+def _whole(env: Mapping[str, str], name: str) -> int | None:
+    """A whole number ≥ 1, or None when unset (the default applies)."""
+    raw = env.get(name)
+    if not raw:
+        return None
+    if not raw.isdecimal() or int(raw) < 1:
+        raise PinError(f"{name} must be a whole number ≥ 1, got {raw!r}")
+    return int(raw)
+
+
+def _load_runs(env: Mapping[str, str], clickhouse_url: str) -> int:
+    """PIN_DEVSTATS_MAX_LOAD_RUNS; above 1 only on a ClickHouse server: the embedded engine's
+    folder admits one process, so a second loader there would fail, not help."""
+    runs = _whole(env, "PIN_DEVSTATS_MAX_LOAD_RUNS") or DEFAULT_DEVSTATS_MAX_LOAD_RUNS
+    if runs > 1 and clickhouse_url.startswith("chdb://"):
+        raise PinError(
+            f"PIN_DEVSTATS_MAX_LOAD_RUNS={runs} needs a ClickHouse server (PIN_CLICKHOUSE_URL="
+            "clickhouse://…): the embedded chdb admits one loader process per folder"
+        )
+    return runs
 
 
 def _days(env: Mapping[str, str], name: str, default: float) -> float:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
 
+from pin_pipelines.config import DEFAULT_KAFKA_PARTITIONS, Settings
 from pin_pipelines.errors import PinError
 
 TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
@@ -24,13 +26,49 @@ ALL_TOPICS = (
     TOPIC_DEVSTATS_DLQ,
     TOPIC_RELAY_COMMITS,
 )
-TOPIC_PARTITIONS = 3
-#: Topics made otherwise than TOPIC_PARTITIONS and the broker's defaults. The receipts: one
-#: partition, so the last one is at its end; compacted, so the last one per key is kept forever,
-#: and segments roll hourly so the compaction actually runs on a topic of small records.
+#: Topics made otherwise than the settings' partitions: the receipts, one partition, so the last
+#: one is at its end; compacted, so the last one per key is kept forever, and segments roll hourly
+#: so the compaction actually runs on a topic of small records. Replicated like every topic.
 TOPIC_LAYOUTS: dict[str, tuple[int, dict[str, str]]] = {
     TOPIC_RELAY_COMMITS: (1, {"cleanup.policy": "compact", "segment.ms": "3600000"}),
 }
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    """Partitions, replication factor and min.insync.replicas of the topics (the settings
+    PIN_KAFKA_PARTITIONS, PIN_KAFKA_REPLICATION_FACTOR, PIN_KAFKA_MIN_INSYNC_REPLICAS). Unset,
+    the replication factor is min(3, brokers) and min.insync.replicas one less (at least 1): a
+    production cluster gets replicated topics that survive one broker, a dev broker still works."""
+
+    partitions: int = DEFAULT_KAFKA_PARTITIONS
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TopicPolicy:
+        return cls(
+            settings.kafka_partitions,
+            settings.kafka_replication_factor,
+            settings.kafka_min_insync_replicas,
+        )
+
+    def resolve(self, brokers: int) -> TopicSpec:
+        """The numbers for a cluster of `brokers` brokers."""
+        rf = self.replication_factor or min(3, max(1, brokers))
+        return TopicSpec(self.partitions, rf, self.min_insync_replicas or max(1, rf - 1))
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    partitions: int
+    replication_factor: int
+    min_insync_replicas: int
+
+    def for_topic(self, topic: str) -> tuple[int, dict[str, str]]:
+        """Partitions and topic configs of `topic` (the receipts keep their one partition)."""
+        partitions, config = TOPIC_LAYOUTS.get(topic, (self.partitions, {}))
+        return partitions, {**config, "min.insync.replicas": str(self.min_insync_replicas)}
 
 
 def _quiet(_err: Any) -> None:
@@ -85,43 +123,90 @@ def while_settling(call: Callable[[float], T], timeout: float = 10.0) -> T:
             time.sleep(0.5)
 
 
-def _list_topics(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> list[str]:
-    """Topic names; a broker still settling after a restart is waited for, not reported."""
+def _metadata(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> ClusterMetadata:
+    """Topics and brokers; a broker still settling after a restart is waited for, not reported."""
     try:
-        return while_settling(lambda left: list(client.list_topics(timeout=left).topics), timeout)
+        return while_settling(lambda left: client.list_topics(timeout=left), timeout)
     except KafkaException as exc:
         raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
 
 
-def ensure_topics(bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS) -> list[str]:
-    """Create missing topics (idempotent); returns the ones created."""
+def ensure_topics(
+    bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS, policy: TopicPolicy | None = None
+) -> list[str]:
+    """Create missing topics (idempotent) after `policy`, by default the settings of the
+    environment; returns the ones created. Existing topics are left as they are (check_topics)."""
     client = admin(bootstrap)
-    existing = set(_list_topics(client, bootstrap))
-    missing = [t for t in topics if t not in existing]
+    metadata = _metadata(client, bootstrap)
+    missing = [t for t in topics if t not in metadata.topics]
     if not missing:
         return []
-    layouts = {t: TOPIC_LAYOUTS.get(t, (TOPIC_PARTITIONS, {})) for t in missing}
-    futures = client.create_topics(
-        [
-            NewTopic(t, num_partitions=partitions, replication_factor=1, config=config)
-            for t, (partitions, config) in layouts.items()
-        ],
-        operation_timeout=10,
-    )
-    for topic, future in futures.items():
+    policy = policy or TopicPolicy.from_settings(Settings.from_env())
+    spec = policy.resolve(len(metadata.brokers))
+    new = []
+    for topic in missing:
+        partitions, config = spec.for_topic(topic)
+        new.append(
+            NewTopic(
+                topic,
+                num_partitions=partitions,
+                replication_factor=spec.replication_factor,
+                config=config,
+            )
+        )
+    for topic, future in client.create_topics(new, operation_timeout=10).items():
         try:
             future.result(timeout=15)
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise PinError(f"creating Kafka topic {topic} failed: {exc}") from exc
+                raise PinError(
+                    f"creating Kafka topic {topic} (replication factor "
+                    f"{spec.replication_factor}, {len(metadata.brokers)} broker(s)) failed: {exc}"
+                ) from exc
     return missing
+
+
+def check_topics(
+    bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS, policy: TopicPolicy | None = None
+) -> list[str]:
+    """One line per existing topic weaker than `policy`: fewer partitions, a lower replication
+    factor (of its least replicated partition) or a lower min.insync.replicas. Changes nothing:
+    partitions are never removed, and adding some or replicas is the operator's decision
+    (docs/runbook.md), since it moves keys between partitions or data between brokers."""
+    client = admin(bootstrap)
+    metadata = _metadata(client, bootstrap)
+    spec = (policy or TopicPolicy.from_settings(Settings.from_env())).resolve(len(metadata.brokers))
+    present = [t for t in topics if t in metadata.topics]
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present]
+    min_isr: dict[str, int] = {}
+    for resource, future in (client.describe_configs(resources) if resources else {}).items():
+        try:
+            entry = future.result(timeout=15).get("min.insync.replicas")
+        except KafkaException as exc:
+            raise PinError(f"reading the configs of Kafka topic {resource.name}: {exc}") from exc
+        if entry is not None and entry.value is not None:
+            min_isr[resource.name] = int(entry.value)
+    weaker = []
+    for topic in present:
+        partitions = metadata.topics[topic].partitions
+        wanted_partitions, _ = spec.for_topic(topic)
+        rf = min((len(p.replicas) for p in partitions.values()), default=0)
+        found = {
+            "partitions": (len(partitions), wanted_partitions),
+            "replication factor": (rf, spec.replication_factor),
+            "min.insync.replicas": (min_isr.get(topic, 1), spec.min_insync_replicas),
+        }
+        short = [f"{name} {has} < {wants}" for name, (has, wants) in found.items() if has < wants]
+        if short:
+            weaker.append(f"{topic}: {', '.join(short)}")
+    return weaker
 
 
 def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
     """Delete topics that exist (tests and benchmarks remove the private topics they made:
     hundreds of left-over topics slow every metadata request of a long-lived dev broker)."""
     client = admin(bootstrap)
-    present = set(_list_topics(client, bootstrap))
+    present = _metadata(client, bootstrap).topics
     existing = [t for t in topics if t in present]
     for topic, future in client.delete_topics(existing, operation_timeout=10).items():
         try:

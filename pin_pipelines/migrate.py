@@ -26,19 +26,32 @@ def migrate_postgres(dsn: str) -> list[str]:
     return [m.id for m in pending]
 
 
-def migrate_all(settings: Settings) -> dict[str, object]:
+def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dict[str, object]:
+    """Every step; Kafka topics are created after the settings' TopicPolicy, and existing ones
+    weaker than it (fewer partitions, lower replication factor or min.insync.replicas) fail the
+    migration unless `allow_weaker_topics`: a production cluster must not run on topics that lose
+    events with one broker. A topic is never shrunk nor recreated."""
     from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
-    from pin_pipelines.kafka import ensure_topics
+    from pin_pipelines.kafka import TopicPolicy, check_topics, ensure_topics
 
     applied = migrate_postgres(settings.pg_dsn)
     with open_clickhouse(settings.clickhouse_url) as ch:
-        clickhouse_applied = migrate_clickhouse(ch)
+        clickhouse_applied = migrate_clickhouse(ch, settings.clickhouse_cluster)
+    policy = TopicPolicy.from_settings(settings)
     try:
-        topics = ensure_topics(settings.kafka_bootstrap)
+        topics = ensure_topics(settings.kafka_bootstrap, policy=policy)
+        weaker = check_topics(settings.kafka_bootstrap, policy=policy)
     except PinError as exc:
         raise PinError(f"schema migrated, but Kafka topics were not created: {exc}") from exc
+    if weaker and not allow_weaker_topics:
+        raise PinError(
+            f"schema migrated, but Kafka topics are weaker than configured: {'; '.join(weaker)} "
+            "(pin never shrinks or recreates a topic: raise them as docs/runbook.md says, or "
+            "accept them with --allow-weaker-topics)"
+        )
     return {
         "postgres_applied": applied,
         "clickhouse_applied": clickhouse_applied,
         "kafka_topics_created": topics,
+        "kafka_topics_weaker": weaker,
     }

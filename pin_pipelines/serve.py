@@ -52,7 +52,8 @@ def _bin(name: str) -> str:
 
 
 WORKSPACE = str(SOURCE_ROOT / "workspace.yaml")
-#: How long a stop waits for the runs in flight (a drain or relay run's budget is 25 s).
+#: How long a stop waits for the runs in flight: a stop ends a drain after its project in hand,
+#: a relay after its batch in hand, a load after its batch in hand.
 WIND_DOWN_SECONDS = 60.0
 UNFINISHED = [*IN_FLIGHT, dg.DagsterRunStatus.CANCELING]
 

@@ -291,15 +291,15 @@ def _process_next(
     if result.outcome == "skipped_archived":
         log_event(log, "project_skipped_archived", **context)
     elif result.outcome == "recalculated":
+        # The spec's fields (ProjectId, duration, republished counts) with the tick's context and
+        # the wait: a line per project is most of a drain run's compute log, so nothing more.
         log_event(
             log,
             "project_recalculated",
             **context,
-            duration_seconds=round(result.duration_seconds, 6),
+            duration_seconds=round(result.duration_seconds, 4),
             republished=result.republished,
-            buildings_updated=result.buildings_updated,
-            requested_count=claim.requested_count,
-            waited_seconds=round(claim.waited_seconds, 3),
+            waited_seconds=round(claim.waited_seconds, 1),
         )
     elif result.outcome == "failed":
         log_event(

@@ -1,10 +1,16 @@
 """The dim_layout_group loader: one bounded consume-and-load cycle over the layout-group topic.
 
-A cycle reads each partition from the group's committed offset up to the high watermark seen at its
-start, so it always ends (new events wait for the next cycle). Per batch (≤ 1000 events or 5 s): bad
-messages are set aside for the DLQ, duplicates of a group reduced to the highest Version, the stored
-versions of the batch's groups read in one query, the newer events inserted in one insert, the bad
-messages produced to the DLQ, and only then the batch's offsets committed. A crash anywhere before
+Loaders are members of one consumer group (subscribe): N of them at once (on a ClickHouse server,
+PIN_DEVSTATS_MAX_LOAD_RUNS) split the partitions. A cycle reads each partition it is assigned from
+the group's committed offset up to the high watermark seen when it was assigned, so it always ends
+(new events wait for the next cycle). When a rebalance takes its partitions (another loader joins
+or leaves), the batch in hand is stored and its offsets committed before they are released: the
+next owner starts where this one stopped, and nothing is skipped or applied twice.
+
+Per batch (≤ 1000 events or 5 s): bad messages are set aside for the DLQ, duplicates of a group
+reduced to the highest Version, the stored versions of the batch's groups read in one query, the
+newer events inserted in one insert, the bad messages produced to the DLQ, and only then the
+batch's offsets committed. A crash anywhere before
 the commit replays the batch, and the version guard makes the replay a no-op for what was applied.
 A message is unreadable when its value is not a contract event or its key is not the event's Id.
 Reads are read_committed (the relay writes in Kafka transactions); a partition read to its end has
@@ -21,7 +27,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 
 import psycopg
@@ -47,6 +53,9 @@ log = logging.getLogger("pin_pipelines.devstats")
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
 CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
+#: Waiting for the group's assignment (join, or rejoin after a revocation) longer than this is a
+#: failure reported in one line, not a silent wait until max_seconds (coordinator unavailable).
+JOIN_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,8 @@ def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSumm
 
 @contextmanager
 def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
-    """A consumer for explicit assignment: no rebalance wait, and commits only by the loader."""
+    """A consumer of the loader's group; commits only by the loader. The lag readers assign
+    partitions explicitly (they never join the group), the loader subscribes."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -145,6 +155,9 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             # connection ("still suppressed for 49ms" in its debug log), on every cycle. Retries
             # still back off exponentially up to reconnect.backoff.max.ms.
             "reconnect.backoff.ms": 10,
+            # A loader killed outright holds its partitions until its session expires (default
+            # 45 s): the freshness budget across a loader's death is this, not the default.
+            "session.timeout.ms": 10000,
             "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
         }
     )
@@ -204,25 +217,49 @@ class _Cycle:
         self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
         #: Versions this cycle stored or read, by the group's UUID as an int (see
         #: newest_per_group): a group seen again skips the guard query, which costs about as much
-        #: as the insert. This cycle is the dimension's only writer (one load at a time); a stale
-        #: entry would only cost a redundant row that argMax ignores.
+        #: as the insert. A group's events are in one partition, and this loader is the only one
+        #: that writes its partitions while they are assigned; forgotten when they are revoked.
         self.known_versions: dict[int, int] = {}
         #: The batch whose insert was sent and not confirmed yet.
         self.in_flight: _Batch | None = None
+        #: Of the partitions assigned now: partition → high watermark when assigned, until read
+        #: up to it; partition → next offset to read; partition → where it was finished.
+        self.pending: dict[int, int] = {}
+        self.nexts: dict[int, int] = {}
+        self.reached: dict[int, int] = {}
+        self.assigned = False  # the group gave this loader its share (maybe none)
+        self.closing = False  # the cycle is over: the consumer's close revokes, nothing to do
+        #: Consumed, not decoded yet; partition → offset after its last message there.
+        self.buffer: list[Message] = []
+        self.buffer_ends: dict[int, int] = {}
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
+        partitions = topic_partitions(self.consumer, self.options.topic)
+        if partitions:
+            self.consumer.subscribe(
+                [self.options.topic],
+                on_assign=self._assigned,
+                on_revoke=self._revoked,
+                on_lost=self._lost,
+            )
+            try:
+                self._consume(deadline=started + self.options.max_seconds)
+            finally:
+                self.closing = True
+        self.summary.lag = self._lag(partitions)
+        self.summary.seconds = round(time.monotonic() - started, 3)
+        return self.summary
+
+    def _assigned(self, consumer: Consumer, assignment: list[TopicPartition]) -> None:
+        """The group's share of this loader: each partition from the committed offset, until the
+        high watermark of now; those without work stay assigned, paused."""
         topic = self.options.topic
-        partitions = topic_partitions(self.consumer, topic)
-        committed = (
-            {tp.partition: tp.offset for tp in committed_offsets(self.consumer, topic, partitions)}
-            if partitions
-            else {}
-        )
-        starts: dict[int, int] = {}  # partition → first offset to read, where there is work
-        ends: dict[int, int] = {}  # partition → high watermark at start
-        for p in partitions:
-            low, high = watermarks(self.consumer, topic, p)
+        parts = [tp.partition for tp in assignment]
+        committed = {tp.partition: tp.offset for tp in committed_offsets(consumer, topic, parts)}
+        positions, idle = [], []
+        for p in parts:
+            low, high = watermarks(consumer, topic, p)
             start = first_unloaded(committed.get(p, -1), low, high)
             if committed.get(p, -1) > high:
                 log.warning(
@@ -233,38 +270,78 @@ class _Cycle:
                     high,
                     low,
                 )
+            positions.append(TopicPartition(topic, p, start))
             if start < high:
-                starts[p], ends[p] = start, high
-        if starts:
-            self.consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
-            self._consume(starts, ends, deadline=started + self.options.max_seconds)
-        self.summary.lag = self._lag(partitions)
-        self.summary.seconds = round(time.monotonic() - started, 3)
-        return self.summary
+                self.pending[p], self.nexts[p] = high, start
+            else:
+                idle.append(TopicPartition(topic, p))
+        consumer.assign(positions)
+        if idle:
+            consumer.pause(idle)
+        self.assigned = True
 
-    def _consume(self, nexts: dict[int, int], ends: dict[int, int], deadline: float) -> None:
-        """Poll until every partition reached its start watermark or the deadline passed.
+    def _revoked(self, consumer: Consumer, _revoking: list[TopicPartition]) -> None:
+        """A rebalance takes the partitions (eager: all of them): store the batch in hand, commit
+        what is stored, then let them go. The next owner resumes at the committed offsets. At the
+        close after the cycle everything is committed already (or failed: nothing to add)."""
+        if self.closing:
+            return
+        if self.buffer:
+            self._flush()
+        self._settle_in_flight()
+        self._skip_undelivered(self.reached)
+        self._commit_applied(asynchronous=False)
+        self._forget_assignment()
+
+    def _lost(self, _consumer: Consumer, _lost: list[TopicPartition]) -> None:
+        """The session expired: the partitions are another loader's already, and a commit would
+        be refused. What was not committed is replayed by the new owner (the guard skips it)."""
+        if self.in_flight is not None:
+            self.in_flight = None
+            with suppress(ClickHouseUnavailable):
+                self.ch.confirm_insert()
+        self._forget_assignment()
+
+    def _forget_assignment(self) -> None:
+        """Versions cached may be overtaken by the next owner of a partition: read them again."""
+        self.buffer, self.buffer_ends = [], {}
+        for state in (self.pending, self.nexts, self.reached, self.applied, self.known_versions):
+            state.clear()
+        self.assigned = False
+
+    def _consume(self, deadline: float) -> None:
+        """Poll until every assigned partition reached its watermark or the deadline passed.
 
         Asking `consume` for no more than is left makes it return as soon as that has arrived,
         instead of waiting out its timeout for a full batch. What is left can be overcounted
         (transaction markers take offsets and are never handed out), so the timeout is short: it
         bounds the wait at a partition's end, and a call that returns early only loops.
         """
-        pending = dict(ends)
         try:
-            self._drain(pending, nexts, deadline)
+            self._drain(deadline)
         finally:  # keep the progress of stored batches, also when a later batch fails
             self._commit_applied(asynchronous=False)
-        self.summary.complete = not pending
+        self.summary.complete = self.assigned and not self.pending
 
-    def _drain(self, pending: dict[int, int], nexts: dict[int, int], deadline: float) -> None:
-        batch: list[Message] = []
-        batch_ends: dict[int, int] = {}  # partition → offset after the batch's last message
+    def _drain(self, deadline: float) -> None:
+        pending, nexts = self.pending, self.nexts
         batch_started = 0.0
-        reached: dict[int, int] = {}  # partition → where it was finished: all below is read
-        while pending and time.monotonic() < deadline and not self.options.should_stop():
+        unassigned_since = time.monotonic()
+        while (
+            (pending or not self.assigned)
+            and time.monotonic() < deadline
+            and not self.options.should_stop()
+        ):
+            if self.assigned:
+                unassigned_since = time.monotonic()
+            elif time.monotonic() - unassigned_since > JOIN_TIMEOUT:
+                raise PinError(
+                    f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
+                    f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
+                    "batches are committed, the next run resumes from there"
+                )
             left = sum(pending[p] - nexts[p] for p in pending)
-            wanted = max(1, min(self.options.batch_size - len(batch), left))
+            wanted = max(1, min(self.options.batch_size - len(self.buffer), left))
             for msg in self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT):
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
@@ -273,23 +350,28 @@ class _Cycle:
                 if p not in pending:
                     continue  # past its start watermark: left for the next cycle
                 if err is None and offset < pending[p]:
-                    batch_started = batch_started if batch else time.monotonic()
-                    batch.append(msg)
-                    nexts[p] = batch_ends[p] = offset + 1
+                    batch_started = batch_started if self.buffer else time.monotonic()
+                    self.buffer.append(msg)
+                    nexts[p] = self.buffer_ends[p] = offset + 1
                 if err is not None or offset + 1 >= pending[p]:
                     # An end-of-partition event carries the end; a newer message, its own offset.
-                    reached[p] = offset if err is not None or offset >= pending[p] else offset + 1
+                    end = offset if err is not None or offset >= pending[p] else offset + 1
+                    self.reached[p] = end
                     del pending[p]
                     self.consumer.pause([TopicPartition(self.options.topic, p)])
-            full = len(batch) >= self.options.batch_size
+            full = len(self.buffer) >= self.options.batch_size
             due = time.monotonic() - batch_started >= self.options.batch_seconds
-            if batch and (full or due or not pending):
-                self._next(_decode(batch, batch_ends))
-                batch, batch_ends = [], {}
-        if batch:
-            self._next(_decode(batch, batch_ends))
+            if self.buffer and (full or due or not pending):
+                self._flush()
+        if self.buffer:
+            self._flush()
         self._settle_in_flight()
-        self._skip_undelivered(reached)
+        self._skip_undelivered(self.reached)
+
+    def _flush(self) -> None:
+        batch = _decode(self.buffer, self.buffer_ends)
+        self.buffer, self.buffer_ends = [], {}
+        self._next(batch)
 
     def _skip_undelivered(self, reached: dict[int, int]) -> None:
         """Every batch is stored: a finished partition's offset moves to where it was finished.

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from pin_pipelines.config import Settings
@@ -47,17 +48,124 @@ Configuration:
 """
 
 
+#: Broker settings of a single node: every internal topic has its one replica.
+SINGLE_NODE_CONFIG = (
+    "num.partitions=3\n"
+    "offsets.topic.replication.factor=1\n"
+    "offsets.topic.num.partitions=3\n"
+    "transaction.state.log.replication.factor=1\n"
+    "transaction.state.log.min.isr=1\n"
+    "share.coordinator.state.topic.replication.factor=1\n"
+    "share.coordinator.state.topic.min.isr=1\n"
+)
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    """One KRaft process (broker and controller) with its files under `home`."""
+
+    home: Path
+    libs: Path
+    node_id: int
+    port: int
+    controller_port: int
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / "kafka.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.home / "server.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, *, voters: str, cluster_id: str, config: str, heap: str) -> tuple[int, bool]:
+        """Write its config, format its storage once, start it unless it runs; returns the pid
+        and whether it was started now."""
+        pid = read_pid(self.pidfile)
+        if pid is not None:
+            return pid, False
+        properties = self._write_config(voters, config)
+        self._format(properties, cluster_id)
+        pid = start_detached(
+            [
+                java(),
+                heap,
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.home / 'log4j2.yaml'}",
+                "-cp",
+                f"{self.libs}/*",
+                "kafka.Kafka",
+                str(properties),
+            ],
+            pidfile=self.pidfile,
+            logfile=self.home / "stdout.log",
+        )
+        return pid, True
+
+    def _write_config(self, voters: str, config: str) -> Path:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "log4j2.yaml").write_text(LOG4J2.format(logfile=self.logfile))
+        properties = self.home / "server.properties"
+        properties.write_text(
+            "# Written by `pin stack up`; edits are overwritten.\n"
+            "process.roles=broker,controller\n"
+            f"node.id={self.node_id}\n"
+            f"controller.quorum.voters={voters}\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
+            "controller.listener.names=CONTROLLER\n"
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
+            "inter.broker.listener.name=PLAINTEXT\n"
+            f"log.dirs={self.home / 'data'}\n"
+            "group.initial.rebalance.delay.ms=0\n"
+            "log.retention.hours=168\n" + config
+        )
+        return properties
+
+    def _format(self, properties: Path, cluster_id: str) -> None:
+        if (self.home / "data" / "meta.properties").exists():
+            return
+        result = subprocess.run(
+            [
+                java(),
+                "-cp",
+                f"{self.libs}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(properties),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise PinError(f"formatting Kafka storage failed: {result.stderr.strip()[-300:]}")
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 class LocalKafka:
+    """The default: one node on PIN_KAFKA_BOOTSTRAP's port, its controller on the next one."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.host, self.port = settings.kafka_host_port
-        self.controller_port = self.port + 1
         self.root = settings.state_dir / "kafka"
         self.libs = self.root / f"libs-{KAFKA_VERSION}"
-        self.data = self.root / "data"
-        self.pidfile = self.root / "kafka.pid"
-        self.logfile = self.root / "server.log"
-        self.stdout_log = self.root / "stdout.log"
+        self.node = KafkaNode(self.root, self.libs, 1, self.port, self.port + 1)
+        self.pidfile = self.node.pidfile
+        self.logfile = self.node.logfile
 
     def up(self) -> dict[str, object]:
         started = time.monotonic()
@@ -65,28 +173,13 @@ class LocalKafka:
             if not broker_answers(self.settings.kafka_bootstrap):
                 raise PinError(f"external Kafka at {self.settings.kafka_bootstrap} does not answer")
             return {"service": "kafka", "state": "external", "ready_seconds": 0.0}
-        pid = read_pid(self.pidfile)
-        action = "already running"
-        if pid is None:
-            self._fetch_jars()
-            config = self._write_config()
-            self._format(config)
-            pid = start_detached(
-                [
-                    self._java(),
-                    HEAP,
-                    "-XX:+UseG1GC",
-                    "-Djava.awt.headless=true",
-                    f"-Dlog4j2.configurationFile={self.root / 'log4j2.yaml'}",
-                    "-cp",
-                    f"{self.libs}/*",
-                    "kafka.Kafka",
-                    str(config),
-                ],
-                pidfile=self.pidfile,
-                logfile=self.stdout_log,
-            )
-            action = "started"
+        fetch_jars(self.libs)
+        pid, fresh = self.node.start(
+            voters=f"1@127.0.0.1:{self.node.controller_port}",
+            cluster_id=new_cluster_id(),
+            config=SINGLE_NODE_CONFIG,
+            heap=HEAP,
+        )
         launched = time.monotonic()
         wait_until(
             lambda: broker_answers(self.settings.kafka_bootstrap, timeout=1.0),
@@ -97,7 +190,7 @@ class LocalKafka:
         )
         return {
             "service": "kafka",
-            "state": action,
+            "state": "started" if fresh else "already running",
             "version": KAFKA_VERSION,
             "port": self.port,
             "ready_seconds": round(time.monotonic() - launched, 2),
@@ -118,92 +211,44 @@ class LocalKafka:
             state = "running" if broker_answers(self.settings.kafka_bootstrap) else "starting"
         return {"service": "kafka", "managed": True, "state": state, "pid": pid, "port": self.port}
 
-    def _java(self) -> str:
-        java = shutil.which("java")
-        if java is None:
-            apt_install(["openjdk-17-jre-headless"])
-            java = shutil.which("java")
-        if java is None:
-            raise PinError("java is not installed and could not be installed")
-        return java
 
-    def _fetch_jars(self) -> None:
-        """Resolve the broker and its runtime dependencies once; Maven's cache serves later runs."""
-        if (self.libs / ".complete").exists():
-            return
-        if shutil.which("mvn") is None:
-            apt_install(["maven"])
-        self._java()
-        partial = self.libs.with_name(self.libs.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        result = subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-f",
-                str(POM),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={partial}",
-                "-DincludeScope=runtime",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
-            raise PinError(f"fetching Kafka {KAFKA_VERSION} from Maven failed: {' | '.join(tail)}")
-        (partial / ".complete").touch()
-        shutil.rmtree(self.libs, ignore_errors=True)
-        partial.rename(self.libs)
+def java() -> str:
+    found = shutil.which("java")
+    if found is None:
+        apt_install(["openjdk-17-jre-headless"])
+        found = shutil.which("java")
+    if found is None:
+        raise PinError("java is not installed and could not be installed")
+    return found
 
-    def _write_config(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "log4j2.yaml").write_text(LOG4J2.format(logfile=self.logfile))
-        config = self.root / "server.properties"
-        config.write_text(
-            "# Written by `pin stack up`; edits are overwritten.\n"
-            "process.roles=broker,controller\n"
-            "node.id=1\n"
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}\n"
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}\n"
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
-            "controller.listener.names=CONTROLLER\n"
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
-            "inter.broker.listener.name=PLAINTEXT\n"
-            f"log.dirs={self.data}\n"
-            "num.partitions=3\n"
-            "offsets.topic.replication.factor=1\n"
-            "offsets.topic.num.partitions=3\n"
-            "transaction.state.log.replication.factor=1\n"
-            "transaction.state.log.min.isr=1\n"
-            "share.coordinator.state.topic.replication.factor=1\n"
-            "share.coordinator.state.topic.min.isr=1\n"
-            "group.initial.rebalance.delay.ms=0\n"
-            "log.retention.hours=168\n"
-        )
-        return config
 
-    def _format(self, config: Path) -> None:
-        if (self.data / "meta.properties").exists():
-            return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        result = subprocess.run(
-            [
-                self._java(),
-                "-cp",
-                f"{self.libs}/*",
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                cluster_id,
-                "-c",
-                str(config),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise PinError(f"formatting Kafka storage failed: {result.stderr.strip()[-300:]}")
+def fetch_jars(libs: Path) -> None:
+    """Resolve the broker and its runtime dependencies once; Maven's cache serves later runs."""
+    if (libs / ".complete").exists():
+        return
+    if shutil.which("mvn") is None:
+        apt_install(["maven"])
+    java()
+    partial = libs.with_name(libs.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    result = subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
+        raise PinError(f"fetching Kafka {KAFKA_VERSION} from Maven failed: {' | '.join(tail)}")
+    (partial / ".complete").touch()
+    shutil.rmtree(libs, ignore_errors=True)
+    partial.rename(libs)

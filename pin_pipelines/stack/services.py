@@ -7,8 +7,10 @@ from typing import Any
 
 from pin_pipelines.clickhouse.url import parse_clickhouse_url
 from pin_pipelines.config import Settings
+from pin_pipelines.stack.clickhouse_cluster import LocalClickHouseCluster
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.kafka import LocalKafka
+from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.postgres import LocalPostgres
 
 Result = dict[str, Any]
@@ -18,10 +20,18 @@ Result = dict[str, Any]
 DEFAULT_SERVER_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
 
 
-def clickhouse_server(settings: Settings) -> LocalClickHouseServer:
-    """The server of PIN_CLICKHOUSE_URL when it is one, else of PIN_CLICKHOUSE_SERVER_URL."""
+def _url_names_local_cluster(settings: Settings) -> bool:
+    """PIN_CLICKHOUSE_CLUSTER with a loopback server URL: the URL is a server of the local
+    cluster (`--clickhouse-cluster`), not a single server to start on its port."""
     server = LocalClickHouseServer.from_settings(settings)
-    if server is not None:
+    return settings.clickhouse_cluster is not None and server is not None and server.is_local
+
+
+def clickhouse_server(settings: Settings) -> LocalClickHouseServer:
+    """The server of PIN_CLICKHOUSE_URL when it is one (a single server, or a remote cluster's
+    server to check), else of PIN_CLICKHOUSE_SERVER_URL."""
+    server = LocalClickHouseServer.from_settings(settings)
+    if server is not None and not _url_names_local_cluster(settings):
         return server
     url = os.environ.get("PIN_CLICKHOUSE_SERVER_URL") or DEFAULT_SERVER_URL
     address = parse_clickhouse_url(url)
@@ -30,31 +40,81 @@ def clickhouse_server(settings: Settings) -> LocalClickHouseServer:
 
 
 def _wants_server(settings: Settings, flag: bool) -> bool:
-    return flag or LocalClickHouseServer.from_settings(settings) is not None
+    url_server = LocalClickHouseServer.from_settings(settings)
+    return flag or (url_server is not None and not _url_names_local_cluster(settings))
 
 
-def up(settings: Settings, *, clickhouse_server_too: bool = False) -> list[Result]:
-    results = [LocalPostgres(settings).up(), LocalKafka(settings).up()]
+def _wants_cluster(settings: Settings, flag: bool) -> bool:
+    return flag or _url_names_local_cluster(settings)
+
+
+def _kafka_cluster(settings: Settings, brokers: int | None) -> LocalKafkaCluster | None:
+    """The local Kafka cluster to manage: asked for (`--kafka-brokers N`, N > 1), or without the
+    flag the one that runs; None: the single broker (the default)."""
+    if brokers is not None:
+        return LocalKafkaCluster(settings, brokers) if brokers > 1 else None
+    cluster = LocalKafkaCluster(settings)
+    return cluster if cluster.is_running() else None
+
+
+def _kafka_up(settings: Settings, brokers: int | None) -> list[Result]:
+    cluster = _kafka_cluster(settings, brokers)
+    return cluster.up() if cluster is not None else [LocalKafka(settings).up()]
+
+
+def up(
+    settings: Settings,
+    *,
+    clickhouse_server_too: bool = False,
+    clickhouse_cluster: bool = False,
+    kafka_brokers: int | None = None,
+) -> list[Result]:
+    results = [LocalPostgres(settings).up(), *_kafka_up(settings, kafka_brokers)]
     if _wants_server(settings, clickhouse_server_too):
         results.append(clickhouse_server(settings).up())
+    if _wants_cluster(settings, clickhouse_cluster):
+        results += LocalClickHouseCluster.from_settings(settings).up()
     return results
 
 
-def down(settings: Settings, *, clickhouse_server_too: bool = False) -> list[Result]:
-    # Down stops whatever runs, flag or not: a server left behind would hold its port.
+def down(
+    settings: Settings,
+    *,
+    clickhouse_server_too: bool = False,
+    clickhouse_cluster: bool = False,
+    kafka_brokers: int | None = None,
+) -> list[Result]:
+    # Down stops whatever runs, flags or not: a server left behind would hold its port.
+    cluster = LocalClickHouseCluster.from_settings(settings)
+    results = cluster.down() if clickhouse_cluster or cluster.is_running() else []
     return [
+        *results,
         clickhouse_server(settings).down(),
+        *LocalKafkaCluster(settings).down(),
         LocalKafka(settings).down(),
         LocalPostgres(settings).down(),
     ]
 
 
-def status(settings: Settings, *, clickhouse_server_too: bool = False) -> list[Result]:
-    results = [LocalPostgres(settings).status(), LocalKafka(settings).status()]
+def status(
+    settings: Settings,
+    *,
+    clickhouse_server_too: bool = False,
+    clickhouse_cluster: bool = False,
+    kafka_brokers: int | None = None,
+) -> list[Result]:
+    kafka = _kafka_cluster(settings, kafka_brokers)
+    results = [
+        LocalPostgres(settings).status(),
+        *(kafka.status() if kafka is not None else [LocalKafka(settings).status()]),
+    ]
     if _wants_server(settings, clickhouse_server_too) or clickhouse_server(settings).status().get(
         "state"
     ) not in (None, "down", "stopped"):
         results.append(clickhouse_server(settings).status())
+    cluster = LocalClickHouseCluster.from_settings(settings)
+    if _wants_cluster(settings, clickhouse_cluster) or cluster.is_running():
+        results += cluster.status()
     return results
 
 

@@ -1,4 +1,6 @@
-"""Spec 003 acceptance and the loader's faults, through real Kafka and both ClickHouse paths."""
+"""Spec 003 acceptance and the loader's faults, through real Kafka and every ClickHouse path: the
+behaviour tests (version guard, out of order, DLQ, scope, label fallback, backfill) run on the
+embedded engine, the server and the local cluster (issue 17: the Distributed dimension)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,13 @@ from pin_pipelines.devstats.dim import groups, insert_events, labels
 from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
-from tests.integration.clickhouse_fixtures import server_url, settings_for
+from tests.integration.clickhouse_fixtures import (
+    ENGINES,
+    engine_url,
+    optimize_dimension,
+    server_url,
+    settings_for,
+)
 from tests.integration.test_devstats_dagster import end_offsets
 from tests.support.answer_cutter import AnswerCutter
 from tests.support.devstats import (
@@ -37,6 +45,12 @@ from tests.support.devstats import (
 )
 
 
+@pytest.fixture(params=list(ENGINES))
+def clickhouse_url(request: pytest.FixtureRequest) -> str:
+    """Every test here that takes a ClickHouse runs on the three paths, the cluster included."""
+    return engine_url(request)
+
+
 def counts(settings: Settings, options: LoadOptions) -> dict[str, int]:
     summary = load_once(settings, options)
     assert summary.complete
@@ -46,11 +60,6 @@ def counts(settings: Settings, options: LoadOptions) -> dict[str, int]:
         "skipped_stale": summary.skipped_stale,
         "dead_lettered": summary.dead_lettered,
     }
-
-
-def optimize(ch: ClickHouse) -> None:
-    """Force the merge the spec talks about ("после merge")."""
-    ch.command("OPTIMIZE TABLE pin_dev_stats.dim_layout_group FINAL")
 
 
 def test_happy_upsert(
@@ -101,7 +110,7 @@ def test_replay_and_stale_delivery_leave_one_logical_row(
     # A stale row that got past any guard (a racing writer) still loses to max(UpsertedAt).
     insert_events(clickhouse, [parse_event(json.dumps(group.event(1)).encode())])
     assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v2"}
-    optimize(clickhouse)
+    optimize_dimension(clickhouse)
     assert physical_rows(clickhouse, group.id) == [(2, "Студии v2")]
 
 
@@ -117,7 +126,7 @@ def test_archive_does_not_delete(
     produce_events(kafka_bootstrap, loader_options.topic, [group.event(2, IsArchived=True)])
     assert counts(loader_settings, loader_options)["inserted"] == 1
 
-    optimize(clickhouse)
+    optimize_dimension(clickhouse)
     [row] = groups(clickhouse, group.developer_id)
     assert (row.is_archived, row.name, row.source_version) == (True, "Студии v2", 2)
     assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v2"}
@@ -213,7 +222,7 @@ def test_bad_input_goes_to_the_dlq_and_the_partition_keeps_flowing(
 
     summary = load_once(loader_settings, loader_options)
     assert (summary.consumed, summary.inserted, summary.dead_lettered) == (7, 2, 5)
-    assert summary.lag == {0: 0, 1: 0, 2: 0}
+    assert summary.lag == dict.fromkeys(range(6), 0)  # PIN_KAFKA_PARTITIONS by default
     assert committed(kafka_bootstrap, loader_options.topic, loader_options.group)[0] == 7
     for group in (before, after):
         assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
@@ -264,7 +273,7 @@ def test_a_message_not_keyed_by_its_id_goes_to_the_dlq_and_the_partition_keeps_f
 
     summary = load_once(loader_settings, loader_options)
     assert (summary.consumed, summary.inserted, summary.dead_lettered) == (6, 2, 4)
-    assert summary.lag == {0: 0, 1: 0, 2: 0}
+    assert summary.lag == dict.fromkeys(range(6), 0)  # PIN_KAFKA_PARTITIONS by default
     assert committed(kafka_bootstrap, loader_options.topic, loader_options.group)[0] == 6
     for group in (before, after):
         assert labels(clickhouse, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
@@ -431,14 +440,14 @@ def test_backfill_is_idempotent(
     )
     produce(kafka_bootstrap, loader_options.topic, [(b"bad", b"not json")])
     assert counts(loader_settings, loader_options)["inserted"] == 3
-    optimize(clickhouse)
+    optimize_dimension(clickhouse)
     before = groups(clickhouse, developer)
     stored = [physical_rows(clickhouse, g.id) for g in history]
 
     summary = backfill(loader_settings, loader_options)
     assert (summary.consumed, summary.inserted, summary.skipped_stale) == (8, 0, 7)
     assert summary.dead_lettered == 1  # dead-lettered again: same source offset in the headers
-    optimize(clickhouse)
+    optimize_dimension(clickhouse)
     assert groups(clickhouse, developer) == before
     assert [physical_rows(clickhouse, g.id) for g in history] == stored
     assert backfill(loader_settings, loader_options).inserted == 0
