@@ -130,9 +130,13 @@ def drain_tick(
             row = conn.execute("SELECT batch_size FROM chessboard.recalc_settings").fetchone()
             batch_size = int(row[0]) if row else 50
         summary.due_at_start = int(q.count_due_requests(conn))
+        # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
+        # every second, and those lines were most of its compute log (issue 15).
+        quiet = logging.DEBUG if summary.due_at_start == 0 else logging.INFO
         log_event(
             log,
             "recalc_batch_started",
+            level=quiet,
             correlation_id=summary.correlation_id,
             size=min(summary.due_at_start, batch_size),
             due=summary.due_at_start,
@@ -158,6 +162,7 @@ def drain_tick(
     log_event(
         log,
         "recalc_batch_finished",
+        level=quiet if not summary.results else logging.INFO,
         **{
             k: totals[k]
             for k in (
