@@ -284,9 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="metrics_command", required=True
     )
     metrics_serve = metrics.add_parser("serve", help="serve /metrics until interrupted")
-    metrics_serve.add_argument(
-        "--port", type=int, default=int(os.environ.get("PIN_METRICS_PORT", "9108"))
-    )
+    metrics_serve.add_argument("--port", type=int, default=None, help="default PIN_METRICS_PORT")
     metrics_serve.set_defaults(handler=cmd_metrics_serve)
     return parser
 

@@ -13,6 +13,8 @@ from pin_pipelines.errors import PinError
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_METRICS_ADDR = "127.0.0.1"
+DEFAULT_METRICS_PORT = 9108
 DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
 DEFAULT_RELAY_TRANSACTIONAL_ID = "pin-outbox-relay"
 DEFAULT_KAFKA_PARTITIONS = 6
@@ -56,6 +58,9 @@ class Settings:
     #: (PIN_DAGSTER_RETENTION_FAILURE_DAYS).
     dagster_retention_success_days: float
     dagster_retention_failure_days: float
+    #: `pin metrics serve`: the exporter's address and port (PIN_METRICS_ADDR, PIN_METRICS_PORT).
+    metrics_addr: str
+    metrics_port: int
     #: Topics `pin db migrate` (and the relay) create: partitions (PIN_KAFKA_PARTITIONS),
     #: replication factor (PIN_KAFKA_REPLICATION_FACTOR; None: min(3, brokers of the cluster)) and
     #: min.insync.replicas (PIN_KAFKA_MIN_INSYNC_REPLICAS; None: replication factor − 1, ≥ 1).
@@ -102,6 +107,8 @@ class Settings:
             or DEFAULT_RELAY_TRANSACTIONAL_ID,
             dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
             dagster_retention_failure_days=_days(e, "PIN_DAGSTER_RETENTION_FAILURE_DAYS", 14.0),
+            metrics_addr=e.get("PIN_METRICS_ADDR") or DEFAULT_METRICS_ADDR,
+            metrics_port=_port(e, "PIN_METRICS_PORT", DEFAULT_METRICS_PORT),
             kafka_partitions=_whole(e, "PIN_KAFKA_PARTITIONS") or DEFAULT_KAFKA_PARTITIONS,
             kafka_replication_factor=_whole(e, "PIN_KAFKA_REPLICATION_FACTOR"),
             kafka_min_insync_replicas=_whole(e, "PIN_KAFKA_MIN_INSYNC_REPLICAS"),
@@ -145,6 +152,13 @@ def _load_runs(env: Mapping[str, str], clickhouse_url: str) -> int:
             "clickhouse://…): the embedded chdb admits one loader process per folder"
         )
     return runs
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdecimal() or not 0 < int(raw) < 65536:
+        raise PinError(f"{name} must be a port number, got {raw!r}")
+    return int(raw)
 
 
 def _days(env: Mapping[str, str], name: str, default: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from pin_pipelines.config import Settings
+from pin_pipelines.config import DEFAULT_METRICS_ADDR, Settings
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
 from pin_pipelines.logs import log_event
@@ -21,7 +20,7 @@ from pin_pipelines.signals import stop_requested
 log = logging.getLogger("pin_pipelines.metrics")
 
 # Loopback unless told otherwise: PIN_METRICS_ADDR=0.0.0.0 lets a remote Prometheus scrape.
-DEFAULT_ADDR = "127.0.0.1"
+DEFAULT_ADDR = DEFAULT_METRICS_ADDR
 STOP_POLL_SECONDS = 0.2  # how soon SIGTERM/SIGINT stops the exporter
 
 
@@ -57,7 +56,7 @@ def start_metrics_server(settings: Settings, port: int, addr: str = DEFAULT_ADDR
     return MetricsServer(server, thread)
 
 
-def serve_metrics(settings: Settings, port: int, addr: str | None = None) -> None:
+def serve_metrics(settings: Settings, port: int | None = None, addr: str | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then close the socket and return (exit status 0).
 
     PostgreSQL is checked first: an exporter started against a wrong PIN_PG_DSN fails now, with
@@ -68,8 +67,8 @@ def serve_metrics(settings: Settings, port: int, addr: str | None = None) -> Non
     """
     stopping = stop_requested()
     connect(settings.pg_dsn).close()
-    bind = addr or os.environ.get("PIN_METRICS_ADDR") or DEFAULT_ADDR
-    metrics = start_metrics_server(settings, port, bind)
+    bind = addr or settings.metrics_addr
+    metrics = start_metrics_server(settings, settings.metrics_port if port is None else port, bind)
     log_event(log, "metrics_serving", url=f"http://{bind}:{metrics.port}/metrics")
     try:
         while not stopping():
