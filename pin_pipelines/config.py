@@ -16,7 +16,9 @@ DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 DEFAULT_METRICS_PORT = 9108
 DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
-DEFAULT_RELAY_TRANSACTIONAL_ID = "pin-outbox-relay"
+#: Followed by the database's name: two outboxes publishing to one Kafka cluster (staging and a
+#: benchmark on a shared broker) must not fence each other's relays.
+RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
 DEFAULT_KAFKA_PARTITIONS = 6
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
@@ -104,7 +106,7 @@ class Settings:
             dagster_pg_url=e.get("PIN_DAGSTER_PG_URL") or dagster_pg_url_from(pg_dsn),
             recalc_max_drain_runs=int(drain_runs),
             relay_transactional_id=e.get("PIN_RELAY_TRANSACTIONAL_ID")
-            or DEFAULT_RELAY_TRANSACTIONAL_ID,
+            or f"{RELAY_TRANSACTIONAL_ID_PREFIX}-{PgTarget.parse(pg_dsn).dbname}",
             dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
             dagster_retention_failure_days=_days(e, "PIN_DAGSTER_RETENTION_FAILURE_DAYS", 14.0),
             metrics_addr=e.get("PIN_METRICS_ADDR") or DEFAULT_METRICS_ADDR,

@@ -26,9 +26,6 @@ from pin_pipelines.migrate import migrate_postgres
 #: Tests never touch the dev database `pin`: they own `pin_test` on the same server.
 TEST_PG_DSN = os.environ.get("PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin_test")
 os.environ["PIN_PG_DSN"] = TEST_PG_DSN
-#: The test database's own transactional.id for every relay of the session (in process or not):
-#: relays of other sessions on the shared broker (other databases) would otherwise fence these.
-os.environ["PIN_RELAY_TRANSACTIONAL_ID"] = f"pin-outbox-relay-{TEST_PG_DSN.rsplit('/', 1)[1]}"
 os.environ.setdefault("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
 pytest_plugins = ["tests.integration.clickhouse_fixtures"]
