@@ -27,4 +27,10 @@ def is_legacy_server(version: tuple[int, ...]) -> bool:
 
 def downgrade_ddl_for_legacy_server(ddl: str) -> str:
     """The same DDL in the dialect of ClickHouse 18.16 (a no-op on DDL that needs no change)."""
-    return _DEDUP_WINDOW.sub("", _DATETIME64.sub("DateTime", ddl))
+    return without_non_replicated_dedup_window(_DATETIME64.sub("DateTime", ddl))
+
+
+def without_non_replicated_dedup_window(ddl: str) -> str:
+    """The DDL minus its `non_replicated_deduplication_window` setting: unknown to 18.16, and
+    meaningless on a replicated table (which deduplicates through ZooKeeper; cluster.py)."""
+    return _DEDUP_WINDOW.sub("", ddl)

@@ -7,13 +7,14 @@ stays free of Dagster, so it uses the driver directly.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from clickhouse_driver import Client
 from clickhouse_driver.errors import Error as DriverError
-from clickhouse_driver.errors import NetworkError, SocketTimeoutError
+from clickhouse_driver.errors import NetworkError, ServerException, SocketTimeoutError
 
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseError, ClickHouseUnavailable, Row
 from pin_pipelines.clickhouse.literals import Param, UuidSet, render
@@ -23,6 +24,23 @@ from pin_pipelines.clickhouse.url import ServerAddress
 logging.getLogger("clickhouse_driver.connection").setLevel(logging.ERROR)
 
 _UNREACHABLE = (NetworkError, SocketTimeoutError, EOFError, OSError)
+
+#: Server errors that say a part of a cluster is down or busy, not that the statement is wrong:
+#: a Distributed query found no live replica of a shard (279) or lost one mid-way (32, 209, 210),
+#: ZooKeeper is away so replicated tables are read-only (225, 242, 999), an insert's fate is
+#: unknown (319), a DDL waited out the hosts that are down (159), or the server is overloaded
+#: (202, 252). The same statement may succeed later: ClickHouseUnavailable, which callers retry.
+_TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 252, 279, 319, 999})
+
+#: The settings sent with every statement. Both only act on Distributed tables (a cluster,
+#: clickhouse/cluster.py) and change nothing on a single server:
+#: - insert_distributed_sync: an INSERT returns once each shard has stored its rows (not when
+#:   they are queued on the entry server), so an acknowledged insert is a stored one;
+#: - load_balancing in_order: each shard's reads and writes go to its first live replica in
+#:   remote_servers (its local one first, prefer_localhost_replica), so the loader's version
+#:   guard reads the replica its last insert went to rather than one that may not have fetched
+#:   it yet; a replica that is down is skipped.
+CLUSTER_SETTINGS = {"insert_distributed_sync": 1, "load_balancing": "in_order"}
 
 
 class ServerClickHouse(ClickHouse):
@@ -37,6 +55,7 @@ class ServerClickHouse(ClickHouse):
             connect_timeout=connect_timeout,
             send_receive_timeout=60,
             sync_request_timeout=5,
+            settings=CLUSTER_SETTINGS,
         )
         self._dedup_supported: bool | None = None
         #: An insert was sent and its end of stream not read yet (see send_insert).
@@ -131,12 +150,25 @@ class ServerClickHouse(ClickHouse):
             raise ClickHouseUnavailable(
                 f"ClickHouse server at {self.location} is unreachable: {_first_line(exc)}"
             ) from exc
+        except ServerException as exc:
+            error = (
+                ClickHouseUnavailable if exc.code in _TRANSIENT_SERVER_CODES else ClickHouseError
+            )
+            raise error(f"ClickHouse server at {self.location}: {_first_line(exc)}") from exc
         except DriverError as exc:
             raise ClickHouseError(
                 f"ClickHouse server at {self.location}: {_first_line(exc)}"
             ) from exc
 
 
+_REPLICA_FAILURE = re.compile(r"e\.displayText\(\) = [\w:]+: (.*?), e\.what\(\)")
+
+
 def _first_line(exc: BaseException) -> str:
-    """The driver's message without the server's stack trace, on one line."""
-    return " ".join(str(exc).split("Stack trace:")[0].split()) or type(exc).__name__
+    """The driver's message without the server's stack trace, on one line. A shard without a
+    reachable replica (279) lists each replica's failure three times: once each is enough."""
+    text = " ".join(str(exc).split("Stack trace:")[0].split()) or type(exc).__name__
+    failures = dict.fromkeys(_REPLICA_FAILURE.findall(text))
+    if isinstance(exc, ServerException) and exc.code == 279 and failures:
+        text = f"Code: 279. All connection tries failed: {'; '.join(failures)}"
+    return text

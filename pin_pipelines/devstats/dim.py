@@ -65,7 +65,12 @@ def labels(
 ) -> dict[str, str]:
     """`{layout_group_id: Name}`; a missing group, one of another developer, or (with
     `project_id`) one whose current row is in another project is labelled with its own id (the
-    spec's degradation, no error)."""
+    spec's degradation, no error).
+
+    The ids go as a UuidSet, like the guard's: through a Distributed table the entry server
+    otherwise parses 1,000 UUID literals and each shard parses them again (measured on the local
+    18.16 cluster: p50 42 ms with literals, 10 ms as an external table; 12 vs 8 ms on one
+    server)."""
     wanted = {str(gid): gid for gid in ids}
     if not wanted:
         return {}
@@ -73,7 +78,11 @@ def labels(
         str(gid): str(name)
         for gid, name in ch.rows(
             QUERIES["labels"],
-            {"developer_id": developer_id, "ids": set(wanted.values()), "project_id": project_id},
+            {
+                "developer_id": developer_id,
+                "ids": UuidSet(list(wanted.values())),
+                "project_id": project_id,
+            },
         )
     }
     return {key: found.get(key, key) for key in wanted}

@@ -52,7 +52,7 @@ CONFIG = """\
     <default_database>default</default_database>
     <timezone>UTC</timezone>
     <mark_cache_size>268435456</mark_cache_size>
-</yandex>
+{extra}</yandex>
 """
 
 USERS = """\
@@ -77,14 +77,23 @@ class LocalClickHouseServer:
     """Start, stop and report the server of a `clickhouse://` URL; idempotent like the others.
 
     `http_port` is the companion HTTP port the server always opens; None picks a free one at start.
+    A server of a local cluster (stack/clickhouse_cluster.py) has its own `folder` under
+    `state_dir` and `extra_config` (ZooKeeper, macros, remote_servers) inside `<yandex>`.
     """
 
     def __init__(
-        self, address: ServerAddress, state_dir: Path, http_port: int | None = None
+        self,
+        address: ServerAddress,
+        state_dir: Path,
+        http_port: int | None = None,
+        *,
+        folder: str = SERVICE,
+        extra_config: str = "",
     ) -> None:
         self.address = address
         self.http_port = http_port
-        self.root = state_dir / SERVICE
+        self.extra_config = extra_config
+        self.root = state_dir / folder
         self.pidfile = self.root / "clickhouse-server.pid"
         self.stdout_log = self.root / "stdout.log"
         self.error_log = self.root / "server.err.log"
@@ -120,7 +129,7 @@ class LocalClickHouseServer:
             action = "started"
         launched = time.monotonic()
         wait_until(
-            lambda: self._version() is not None,
+            self.ready,
             timeout=60,
             what="ClickHouse server",
             logfile=self.error_log,
@@ -170,6 +179,10 @@ class LocalClickHouseServer:
             "ready_seconds": 0.0,
         }
 
+    def ready(self) -> bool:
+        """The server answers queries (`up` returns once it does)."""
+        return self._version() is not None
+
     def _version(self) -> str | None:
         client = ServerClickHouse(self.address, connect_timeout=1.0)
         try:
@@ -204,6 +217,7 @@ class LocalClickHouseServer:
                 root=root,
                 tcp_port=self.address.port,
                 http_port=self.http_port or free_port(),
+                extra=self.extra_config,
             )
         )
         return config

@@ -18,7 +18,7 @@ GROUP BY LayoutGroupId;
 -- Names of the actor's groups; a group of another developer is not visible, nor (when project_id
 -- is not NULL) one whose current row is in another project. The developer filters rows (spec 003
 -- scope: another developer's rows never enter the read); the project filters the current row, so
--- a group moved out of the project is not labelled with its old name.
+-- a group moved out of the project is not labelled with its old name. The ids are a UuidSet too.
 SELECT LayoutGroupId, argMax(Name, (UpsertedAt, SourceVersion))
 FROM pin_dev_stats.dim_layout_group
 WHERE DeveloperId = %(developer_id)s AND LayoutGroupId IN %(ids)s

@@ -1,0 +1,533 @@
+"""Issue 17: spec 003's dimension on a replicated, sharded ClickHouse cluster.
+
+The local cluster of `pin stack up --clickhouse-cluster` (ZooKeeper; shard 1 = s1r1 + s1r2, shard
+2 = s2r1), real Kafka and PostgreSQL. The spec's behaviour tests run on it from
+test_devstats_loader.py; these cover what only a cluster has: the ON CLUSTER migration, sharding,
+a replica killed with -9 while the loader runs, a whole shard down, ZooKeeper down, and the
+reconciliation asset and check on the Distributed table. A test that kills a server or ZooKeeper
+brings it back in `finally`, so the session's cluster is whole for the next test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import dagster as dg
+import psycopg
+import pytest
+
+from pin_pipelines.clickhouse import (
+    ClickHouse,
+    ClickHouseUnavailable,
+    migrate_clickhouse,
+    open_clickhouse,
+)
+from pin_pipelines.clickhouse.cluster import LOCAL_SUFFIX
+from pin_pipelines.config import Settings
+from pin_pipelines.definitions import defs
+from pin_pipelines.defs.reconcile.assets import dim_layout_group_drift as drift_asset
+from pin_pipelines.defs.resources import RESOURCES
+from pin_pipelines.devstats.dim import TABLE, insert_events, labels, stored_versions
+from pin_pipelines.devstats.events import parse_event
+from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_once
+from pin_pipelines.errors import PinError
+from pin_pipelines.reconcile import dim_layout_group_drift, reconcile
+from pin_pipelines.stack.clickhouse_cluster import ClusterNode, LocalClickHouseCluster
+from pin_pipelines.stack.process import pid_alive, read_pid
+from tests.integration.clickhouse_fixtures import cluster_in_sync, settings_for
+from tests.integration.test_devstats_dagster import end_offsets
+from tests.integration.test_reconcile import small_project
+from tests.support.cli import assert_one_line_error, run_pin, summary
+from tests.support.devstats import Group, committed, physical_rows, produce_events
+
+LOCAL = f"{TABLE}{LOCAL_SUFFIX}"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def kill_9(pidfile: Path) -> None:
+    """SIGKILL the process of `pidfile` and wait until it is gone."""
+    pid = read_pid(pidfile)
+    assert pid is not None, f"nothing runs from {pidfile}"
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)
+
+
+def insert_queries(node: ClusterNode) -> int:
+    """INSERTs the server ran since it started: a shard's inserts through a Distributed table
+    run on one replica, and the others only fetch the parts (which this does not count)."""
+    with open_clickhouse(node.url) as ch:
+        found = ch.rows("SELECT value FROM system.events WHERE event = 'InsertQuery'")
+    return int(found[0][0]) if found else 0
+
+
+def duplicated_blocks(cluster: LocalClickHouseCluster) -> int:
+    """Inserted blocks the replicated tables dropped as duplicates, over every server."""
+    total = 0
+    for node in cluster.nodes:
+        with open_clickhouse(node.url) as ch:
+            total += int(
+                ch.rows(
+                    "SELECT sum(value) FROM system.events WHERE event = 'DuplicatedInsertedBlocks'"
+                )[0][0]
+            )
+    return total
+
+
+def local_versions(node: ClusterNode) -> dict[uuid.UUID, int]:
+    """The newest SourceVersion of each group in one server's shard-local table: what replicas
+    of a shard must agree on (their physical rows may differ for a moment, until a merge that
+    one has applied reaches the other)."""
+    with open_clickhouse(node.url) as ch:
+        return {
+            uuid.UUID(str(gid)): int(version)
+            for gid, version in ch.rows(
+                f"SELECT LayoutGroupId, max(SourceVersion) FROM {LOCAL} GROUP BY LayoutGroupId"
+            )
+        }
+
+
+def current_versions(url: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The spec's read through the Distributed table of the server at `url`."""
+    with open_clickhouse(url) as ch:
+        return {
+            uuid.UUID(str(gid)): int(version)
+            for gid, version in ch.rows(
+                f"SELECT LayoutGroupId, argMax(SourceVersion, (UpsertedAt, SourceVersion)) "
+                f"FROM {TABLE} WHERE LayoutGroupId IN %(ids)s GROUP BY LayoutGroupId",
+                {"ids": ids},
+            )
+        }
+
+
+def load_until_done(settings: Settings, options: LoadOptions, runs: int = 4) -> None:
+    """`load_once` again after a failed or cut-short run, as the sensor launches the next one."""
+    errors = []
+    for _ in range(runs):
+        try:
+            loaded = load_once(settings, options)
+        except ClickHouseUnavailable as exc:
+            errors.append(str(exc))
+            continue
+        if loaded.complete and not any(loaded.lag.values()):
+            return
+    raise AssertionError(f"the loader did not catch up in {runs} runs: {errors}")
+
+
+@pytest.fixture
+def cluster(clickhouse_cluster: LocalClickHouseCluster) -> Iterator[LocalClickHouseCluster]:
+    """The session's cluster; every server and ZooKeeper running again after the test."""
+    try:
+        yield clickhouse_cluster
+    finally:
+        clickhouse_cluster.up()
+        cluster_in_sync(clickhouse_cluster)
+
+
+# --- schema and sharding -----------------------------------------------------------------------
+
+SPEC_COLUMNS = [
+    ("LayoutGroupId", "UUID"),
+    ("ProjectId", "UUID"),
+    ("DeveloperId", "UUID"),
+    ("Name", "String"),
+    ("SortOrder", "Int32"),
+    ("IsArchived", "UInt8"),
+    ("SourceVersion", "Int64"),
+    ("UpsertedAt", "DateTime"),  # DateTime64(3) on ClickHouse ≥ 20 (legacy.py)
+]
+
+
+def test_the_migration_is_idempotent_on_the_cluster_and_keeps_the_spec_table(
+    cluster: LocalClickHouseCluster,
+) -> None:
+    """Tried: migrating again from each server (the session migrated from s1r1 already). Nothing
+    is created twice, and every server has the spec's dimension as a Distributed table sharded by
+    a hash of LayoutGroupId over a ReplicatedReplacingMergeTree(UpsertedAt) table with the spec's
+    columns and ORDER BY; a server without the cluster is refused with one line."""
+    for node in cluster.nodes:
+        with open_clickhouse(node.url) as ch:
+            assert migrate_clickhouse(ch, cluster.name) == []
+            for table in (TABLE, LOCAL):
+                assert (
+                    ch.rows(
+                        "SELECT name, type FROM system.columns "
+                        "WHERE database = 'pin_dev_stats' AND table = %(t)s",
+                        {"t": table.split(".")[1]},
+                    )
+                    == SPEC_COLUMNS
+                )
+            engines = dict(
+                ch.rows(
+                    "SELECT name, engine_full FROM system.tables WHERE database = 'pin_dev_stats'"
+                )
+            )
+        assert engines[TABLE.split(".")[1]] == (
+            f"Distributed({cluster.name}, pin_dev_stats, dim_layout_group_local, "
+            "cityHash64(toString(LayoutGroupId)))"
+        )
+        assert engines[LOCAL.split(".")[1]].startswith(
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/pin_dev_stats/"
+            "dim_layout_group', '{replica}', UpsertedAt) ORDER BY LayoutGroupId"
+        )
+    with (
+        open_clickhouse("clickhouse://default@127.0.0.1:9000/pin_dev_stats") as single,
+        pytest.raises(PinError, match="has no such cluster in its remote_servers"),
+    ):
+        migrate_clickhouse(single, cluster.name)
+
+
+def test_pin_stack_and_pin_db_migrate_know_the_cluster(
+    cluster: LocalClickHouseCluster, pg_dsn: str
+) -> None:
+    """Tried through the `pin` command: `stack up --clickhouse-cluster` on the running cluster,
+    `stack status` without the flag, `db migrate` with PIN_CLICKHOUSE_CLUSTER pointed at s1r2,
+    and two bad settings. Up starts nothing and reports ZooKeeper and the three servers with
+    their shard and replica, status lists them unasked, migrate creates nothing anew, and a URL
+    that is no server of the local cluster or a bad cluster name fail in one line."""
+    up = summary(run_pin("stack", "up", "--clickhouse-cluster"))["services"]
+    ours = [s for s in up if s["service"] in ("zookeeper", "clickhouse-cluster")]
+    assert {s["state"] for s in ours} == {"already running"}
+    assert [(s["service"], s.get("shard"), s.get("replica"), s["port"]) for s in ours] == [
+        ("zookeeper", None, None, 9300),
+        ("clickhouse-cluster", 1, "s1r1", 9301),
+        ("clickhouse-cluster", 1, "s1r2", 9302),
+        ("clickhouse-cluster", 2, "s2r1", 9303),
+    ]
+    status = summary(run_pin("stack", "status"))["services"]
+    assert [s["state"] for s in status if s["service"] in ("zookeeper", "clickhouse-cluster")] == [
+        "running"
+    ] * 4
+
+    env = {
+        "PIN_PG_DSN": pg_dsn,
+        "PIN_CLICKHOUSE_URL": cluster.url("s1r2"),
+        "PIN_CLICKHOUSE_CLUSTER": cluster.name,
+    }
+    assert summary(run_pin("db", "migrate", env=env))["clickhouse_applied"] == []
+    lone_server = {**env, "PIN_CLICKHOUSE_URL": "clickhouse://default@127.0.0.1:9000/pin_dev_stats"}
+    assert_one_line_error(
+        run_pin("stack", "status", env=lone_server), "is not a server of the local cluster pin"
+    )
+    assert_one_line_error(
+        run_pin("stack", "status", env={**env, "PIN_CLICKHOUSE_CLUSTER": "pin-1"}),
+        "PIN_CLICKHOUSE_CLUSTER must be a cluster name",
+    )
+
+
+def test_a_single_node_table_under_the_dimension_name_stops_the_migration(
+    cluster: LocalClickHouseCluster,
+) -> None:
+    """Tried: on s2r1, the dimension's name held by a plain ReplacingMergeTree table (as a server
+    migrated before PIN_CLICKHOUSE_CLUSTER was set has it). `IF NOT EXISTS` would keep it, and
+    the writes through it would never reach the cluster: the migration fails and says why."""
+    node = cluster.node("s2r1")
+    with open_clickhouse(node.url) as ch:
+        ch.command(f"RENAME TABLE {TABLE} TO {TABLE}_aside")
+        try:
+            ch.command(
+                f"CREATE TABLE {TABLE} AS {LOCAL} "
+                "ENGINE = ReplacingMergeTree(UpsertedAt) ORDER BY LayoutGroupId"
+            )
+            with pytest.raises(PinError) as caught:
+                migrate_clickhouse(ch, cluster.name)
+        finally:
+            ch.command(f"DROP TABLE IF EXISTS {TABLE}")
+            ch.command(f"RENAME TABLE {TABLE}_aside TO {TABLE}")
+    assert "is a ReplacingMergeTree table, not Distributed" in str(caught.value)
+    assert "docs/runbook.md" in str(caught.value)
+
+
+def test_every_version_of_a_group_lives_on_one_shard(
+    cluster: LocalClickHouseCluster,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: 40 groups, versions 1-3 each loaded in separate batches through s2r1. Each group's
+    rows are on one shard only (both shards hold some), shard 1's replicas agree, and the argMax
+    read gives version 3 from every server."""
+    history = [Group() for _ in range(40)]
+    settings = settings_for(cluster.url("s2r1"), kafka_bootstrap, tmp_path)
+    for version in (1, 2, 3):
+        produce_events(kafka_bootstrap, loader_options.topic, [g.event(version) for g in history])
+        assert load_once(settings, loader_options).inserted == 40
+    cluster_in_sync(cluster)
+
+    ids = {g.id for g in history}
+    shard_of: dict[uuid.UUID, set[int]] = {}
+    for node in (cluster.node("s1r1"), cluster.node("s2r1")):
+        for gid in local_versions(node).keys() & ids:
+            shard_of.setdefault(gid, set()).add(node.replica.shard)
+    assert shard_of.keys() == ids
+    assert all(len(shards) == 1 for shards in shard_of.values())
+    assert {next(iter(s)) for s in shard_of.values()} == {1, 2}
+    assert local_versions(cluster.node("s1r1")) == local_versions(cluster.node("s1r2"))
+    for node in cluster.nodes:
+        assert current_versions(node.url, sorted(ids)) == dict.fromkeys(ids, 3)
+        with open_clickhouse(node.url) as ch:  # the guard: ids as an external table, every shard
+            assert stored_versions(ch, ids) == {gid.int: 3 for gid in ids}
+
+
+def test_a_batch_sent_again_is_stored_once(
+    cluster: LocalClickHouseCluster, clickhouse_cluster_url: str
+) -> None:
+    """Tried: the same batch of 50 events (both shards) inserted twice through the Distributed
+    table, as a retry does when the guard could not see the first insert land. 18.16 has no
+    insert_deduplication_token: each shard's replicated table recognises the identical block by
+    its hash and stores it once, on every replica."""
+    history = [Group() for _ in range(50)]
+    events = [parse_event(json.dumps(g.event(1)).encode()) for g in history]
+    duplicates_before = duplicated_blocks(cluster)
+    with open_clickhouse(clickhouse_cluster_url) as ch:
+        assert not ch.deduplicates_inserts  # no token on 18.16: the block hash alone
+        for _ in range(2):
+            insert_events(ch, events)
+            ch.confirm_insert()
+    # One block per shard was recognised (not merged away later, which would also leave one row).
+    assert duplicated_blocks(cluster) - duplicates_before == 2
+    cluster_in_sync(cluster)
+    for node in cluster.nodes:
+        with open_clickhouse(node.url) as ch:
+            stored = [physical_rows(ch, g.id) for g in history]
+        assert stored == [[(1, "Студии v1")]] * 50, node.replica.name
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
+    cluster: LocalClickHouseCluster,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: 9,000 events (300 groups × 30 versions) loaded through s2r1 in batches of 100; the
+    replica of shard 1 that takes the loader's inserts (s1r1 by remote_servers order, unless s2r1
+    still avoids it after an earlier failure) gets SIGKILL as soon as the first insert reaches it,
+    and is started again a second later, while the loader runs. The interrupted insert is retried
+    and the inserts go on on the other replica (a run that runs out of retries is followed by
+    another, as the sensor does); the runs end with every offset committed. Once the killed
+    replica is back and caught up, both replicas hold the same rows and every server reads the
+    newest version of every group: no event lost."""
+    history = [Group() for _ in range(300)]
+    produce_events(
+        kafka_bootstrap,
+        loader_options.topic,
+        [g.event(v) for v in range(1, 31) for g in history],
+    )
+    settings = settings_for(cluster.url("s2r1"), kafka_bootstrap, tmp_path)
+    options = replace(loader_options, batch_size=100, attempts=5, backoff_seconds=0.5)
+    shard_1 = [cluster.node("s1r1"), cluster.node("s1r2")]
+    inserts_before = {node.replica.name: insert_queries(node) for node in shard_1}
+    outcome: list[LoadSummary | Exception] = []
+    finished = threading.Event()
+
+    def load() -> None:
+        try:
+            outcome.append(load_once(settings, options))
+        except Exception as exc:  # handed to the test's thread
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    loading = threading.Thread(target=load)
+    loading.start()
+    try:
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            taking = [n for n in shard_1 if insert_queries(n) > inserts_before[n.replica.name]]
+            victim = taking[0] if taking else None
+        assert victim is not None, "no insert reached shard 1"
+        kill_9(victim.pidfile)
+        assert not finished.is_set(), "the loader ended before the kill: make the load longer"
+        time.sleep(1.0)
+        victim.up()
+    finally:
+        loading.join(timeout=300)
+    assert not loading.is_alive()
+    [first_run] = outcome
+    if isinstance(first_run, Exception):  # the outage outlasted its retries: the next run goes on
+        assert isinstance(first_run, ClickHouseUnavailable), first_run
+    load_until_done(settings, options)
+    [survivor] = [node for node in shard_1 if node is not victim]
+    assert insert_queries(survivor) > inserts_before[survivor.replica.name]
+
+    cluster_in_sync(cluster)
+    ids = sorted(g.id for g in history)
+    assert local_versions(shard_1[0]) == local_versions(shard_1[1])
+    for node in cluster.nodes:
+        assert current_versions(node.url, ids) == dict.fromkeys(ids, 30)
+    ends = end_offsets(kafka_bootstrap, options.topic)
+    assert committed(kafka_bootstrap, options.topic, options.group) == ends
+
+
+def test_a_whole_shard_down_fails_the_load_in_one_line_and_commits_nothing_unstored(
+    cluster: LocalClickHouseCluster,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: shard 2's only server (s2r1) killed with -9, then a batch of 20 groups (both
+    shards) loaded through s1r1. The load fails after its retries with one line naming the
+    unreachable server, and the committed offsets stay where the stored events end. With s2r1
+    back, the next run loads the batch, each version stored once."""
+    settings = settings_for(cluster.url("s1r1"), kafka_bootstrap, tmp_path)
+    early = [Group() for _ in range(2)]
+    produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in early])
+    assert load_once(settings, loader_options).inserted == 2
+    before = committed(kafka_bootstrap, loader_options.topic, loader_options.group)
+
+    kill_9(cluster.node("s2r1").pidfile)
+    batch = [Group() for _ in range(20)]
+    produce_events(kafka_bootstrap, loader_options.topic, [g.event(2) for g in batch])
+    with pytest.raises(ClickHouseUnavailable) as caught:
+        load_once(settings, loader_options)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("ClickHouse server at 127.0.0.1:9301: Code: 279. ")
+    assert "Connection refused (127.0.0.1:9303)" in message
+    assert "gave up after 3 attempts" in message and "offsets are not committed" in message
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == before
+
+    cluster.node("s2r1").up()
+    summary = load_once(settings, loader_options)
+    assert (summary.consumed, summary.inserted) == (20, 20)
+    cluster_in_sync(cluster)
+    ids = sorted(g.id for g in early + batch)
+    assert current_versions(settings.clickhouse_url, ids) == {
+        **{g.id: 1 for g in early},
+        **{g.id: 2 for g in batch},
+    }
+    with open_clickhouse(settings.clickhouse_url) as ch:
+        assert [physical_rows(ch, g.id) for g in batch] == [[(2, "Студии v2")]] * 20
+
+
+def test_zookeeper_down_fails_inserts_and_reads_go_on(
+    cluster: LocalClickHouseCluster,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: ZooKeeper killed with -9 after a group was loaded. Its next version cannot be
+    stored (the replicated tables are read-only without ZooKeeper): the load fails in one line
+    and commits nothing, while the dimension still answers labels through the Distributed table.
+    With ZooKeeper back, the next run stores the version."""
+    settings = settings_for(cluster.url("s1r1"), kafka_bootstrap, tmp_path)
+    group = Group()
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(1)])
+    assert load_once(settings, loader_options).inserted == 1
+    before = committed(kafka_bootstrap, loader_options.topic, loader_options.group)
+
+    kill_9(cluster.zookeeper.pidfile)
+    produce_events(kafka_bootstrap, loader_options.topic, [group.event(2)])
+    with pytest.raises(ClickHouseUnavailable) as caught:
+        load_once(settings, loader_options)
+    message = str(caught.value)  # read-only tables (242), or the session's expiry seen first (225)
+    assert "\n" not in message and ("Code: 242. " in message or "Code: 225. " in message), message
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == before
+    with open_clickhouse(settings.clickhouse_url) as ch:
+        assert labels(ch, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
+
+    cluster.zookeeper.up()
+    cluster_in_sync(cluster)
+    assert load_once(settings, loader_options).inserted == 1
+    assert current_versions(settings.clickhouse_url, [group.id]) == {group.id: 2}
+
+
+# --- reconciliation on the Distributed table ---------------------------------------------------
+
+
+@pytest.fixture
+def settings(
+    pg_dsn: str, clickhouse_cluster_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> Settings:
+    """The pipeline fixture's settings (tests/integration/conftest.py), on the cluster."""
+    return Settings.from_env(
+        {
+            "PIN_PG_DSN": pg_dsn,
+            "PIN_CLICKHOUSE_URL": clickhouse_cluster_url,
+            "PIN_CLICKHOUSE_CLUSTER": "pin",
+            "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "PIN_STATE_DIR": str(tmp_path),
+        }
+    )
+
+
+@pytest.fixture
+def empty_cluster_dimension(
+    clickhouse_cluster: LocalClickHouseCluster, clickhouse_cluster_url: str
+) -> Iterator[ClickHouse]:
+    """Other tests' groups are not this test's drift: every shard's table emptied."""
+    with open_clickhouse(clickhouse_cluster_url) as ch:
+        ch.command(f"TRUNCATE TABLE {LOCAL} ON CLUSTER {clickhouse_cluster.name}")
+        yield ch
+
+
+def test_drift_asset_and_versions_check_work_on_the_distributed_table(
+    db: psycopg.Connection,
+    settings: Settings,
+    empty_cluster_dimension: ClickHouse,
+    pipeline: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tried: a project's groups loaded into the cluster through drain → relay → loader, then a
+    rename whose event was lost and a row behind its source past the SLA. The drift asset and
+    the versions check, run by Dagster with the cluster's settings, read the Distributed table:
+    clean after the load, the drifted groups found, clean again after the repair's events load."""
+    ch = empty_cluster_dimension
+    ids = small_project(db)
+    pipeline()
+    reconcile(settings, repair=True)  # the groups' first publication (no layouts changed since)
+    pipeline()
+    assert dim_layout_group_drift(settings.pg_dsn, ch).kinds == {}
+
+    db.execute("UPDATE chessboard.layout_groups SET name = 'Renamed' WHERE id = %s", (ids["lux"],))
+    db.execute(
+        "UPDATE chessboard.layout_groups SET version = version + 1,"
+        " updated_at = now() - interval '10 minutes' WHERE id = %s",
+        (ids["studios"],),
+    )
+    assert dim_layout_group_drift(settings.pg_dsn, ch).kinds == {
+        ids["lux"]: "different",
+        ids["studios"]: "stale_version",
+    }
+
+    monkeypatch.setenv("PIN_CLICKHOUSE_URL", settings.clickhouse_url)
+    monkeypatch.setenv("PIN_CLICKHOUSE_CLUSTER", "pin")
+    drifted = dg.materialize([drift_asset], resources=RESOURCES, raise_on_error=False)
+    [in_sync] = drifted.get_asset_check_evaluations()
+    assert not in_sync.passed and in_sync.metadata["dim_rows_drifted"].value == 2
+    versions_job = defs.resolve_job_def(
+        defs.resolve_schedule_def("dim_layout_group_versions_schedule").job_name
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        [check] = versions_job.execute_in_process(instance=instance).get_asset_check_evaluations()
+        assert not check.passed
+        assert check.metadata["behind_past_sla_ids"].value == [str(ids["studios"])]
+
+        repaired = dg.materialize(
+            [drift_asset],
+            resources=RESOURCES,
+            run_config={"ops": {"dim_layout_group_drift": {"config": {"repair": True}}}},
+            raise_on_error=False,
+        )
+        assert repaired.success
+        pipeline()
+        [check] = versions_job.execute_in_process(instance=instance).get_asset_check_evaluations()
+        assert check.passed
+    [clean] = dg.materialize([drift_asset], resources=RESOURCES).get_asset_check_evaluations()
+    assert clean.passed and clean.metadata["dim_rows_drifted"].value == 0
