@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -16,18 +15,9 @@ import pytest
 from pin_pipelines.config import dagster_pg_url_from
 from pin_pipelines.defs.common import STOPPING_MARKER
 from pin_pipelines.serve import WIND_DOWN_SECONDS
-from pin_pipelines.stack.process import free_port
+from pin_pipelines.stack.process import free_port, wait_until
 from tests.support.chessboard import make_building, make_object, make_project
-from tests.support.recalc import PIN, REPO_ROOT, slow_recalc
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support.recalc import PIN, REPO_ROOT, sleeping_backends, slow_recalc
 
 
 def test_sigterm_waits_for_the_drain_in_flight_and_leaves_no_failed_run(
@@ -72,7 +62,11 @@ def test_sigterm_waits_for_the_drain_in_flight_and_leaves_no_failed_run(
         )
         try:
             monkeypatch.setenv("PIN_DAGSTER_PG_URL", storage_url)  # for this test's instance
-            _wait_for(lambda: (home / "dagster.yaml").exists(), 30, "the instance's dagster.yaml")
+            wait_until(
+                lambda: (home / "dagster.yaml").exists(),
+                timeout=30,
+                what="the instance's dagster.yaml",
+            )
             with dg.DagsterInstance.from_config(str(home)) as instance:
 
                 def drain_started() -> bool:
@@ -85,16 +79,11 @@ def test_sigterm_waits_for_the_drain_in_flight_and_leaves_no_failed_run(
                         )
                     )
 
-                _wait_for(drain_started, 90, "a drain run in flight")
-                _wait_for(
-                    lambda: (
-                        db.execute(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-                        ).fetchone()
-                        == (1,)
-                    ),
-                    30,
-                    "the drain inside a project",
+                wait_until(drain_started, timeout=90, what="a drain run in flight")
+                wait_until(
+                    lambda: sleeping_backends(db) == 1,
+                    timeout=30,
+                    what="the drain inside a project",
                 )
                 serve.send_signal(signal.SIGTERM)
                 try:
