@@ -152,7 +152,13 @@ class KafkaNode:
 
 
 def new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id as Kafka makes them (Uuid.randomUuid): URL-safe base64 of 16 random
+    bytes, never starting with "-", which the storage tool would read as an option (one id in
+    64 did: a private test broker then failed to format)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class LocalKafka:
