@@ -1,13 +1,17 @@
-"""Shared set-up for benchmarks: a dedicated, migrated database and fast synthetic projects."""
+"""Shared set-up for benchmarks: a dedicated, migrated database, fast synthetic projects, and the
+drain measured the way a worker runs it."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
+import time
 from typing import Any
 
 import psycopg
 
+from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import dsn_with_dbname
 from pin_pipelines.migrate import migrate_postgres
 
@@ -33,3 +37,34 @@ def quantiles(values: list[float]) -> dict[str, Any]:
         "p99_ms": round(pick(0.99) * 1000, 3),
         "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
     }
+
+
+def drain_all(dsn: str, batch_size: int | None = None) -> int:
+    """Ticks until one finds nothing due; returns the projects processed."""
+    done = 0
+    while True:
+        tick = drain_tick(dsn, batch_size=batch_size)
+        if not tick.results:
+            return done
+        done += len(tick.results)
+
+
+def _drain_worker(dsn: str, batch_size: int | None, result: multiprocessing.Queue[int]) -> None:
+    result.put(drain_all(dsn, batch_size))
+
+
+def drain_throughput(dsn: str, workers: int, batch_size: int | None = None) -> float:
+    """Projects/s of `workers` processes (a process each, like drain runs) draining what is due
+    until nothing is."""
+    results: multiprocessing.Queue[int] = multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(target=_drain_worker, args=(dsn, batch_size, results))
+        for _ in range(workers)
+    ]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    total = sum(results.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return total / (time.perf_counter() - started)

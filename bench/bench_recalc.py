@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,7 +20,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fresh_database, quantiles
+from _common import drain_all, drain_throughput, fresh_database, quantiles
 
 from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import SQL_DIR
@@ -54,15 +52,6 @@ def make_due(dsn: str) -> None:
         )
 
 
-def drain_all(dsn: str) -> int:
-    done = 0
-    while True:
-        tick = drain_tick(dsn)
-        if not tick.results:
-            return done
-        done += len(tick.results)
-
-
 def latency(dsn: str, sizes: list[int], reps: int) -> dict[str, object]:
     out: dict[str, object] = {}
     for size in sizes:
@@ -87,23 +76,6 @@ def latency(dsn: str, sizes: list[int], reps: int) -> dict[str, object]:
                 durations.append(tick.results[0].duration_seconds)
         out[str(size)] = quantiles(durations)
     return out
-
-
-def _worker(dsn: str, result: multiprocessing.Queue[int]) -> None:
-    result.put(drain_all(dsn))
-
-
-def drain_throughput(dsn: str, workers: int) -> float:
-    make_due(dsn)
-    results: multiprocessing.Queue[int] = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_worker, args=(dsn, results)) for _ in range(workers)]
-    started = time.perf_counter()
-    for p in procs:
-        p.start()
-    total = sum(results.get() for _ in procs)
-    for p in procs:
-        p.join()
-    return total / (time.perf_counter() - started)
 
 
 def pgbench_script() -> str:
@@ -187,7 +159,9 @@ def main() -> None:
     insert_projects(dsn, projects, 50)
     make_due(dsn)
     drain_all(dsn)  # first pass writes everything; the measured passes are steady state
+    make_due(dsn)
     one = drain_throughput(dsn, 1)
+    make_due(dsn)
     two = drain_throughput(dsn, 2)
     pg1 = pgbench_throughput(dsn, 1, projects)
     pg2 = pgbench_throughput(dsn, 2, projects)
