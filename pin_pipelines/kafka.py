@@ -163,7 +163,34 @@ def ensure_topics(
                     f"creating Kafka topic {topic} (replication factor "
                     f"{spec.replication_factor}, {len(metadata.brokers)} broker(s)) failed: {exc}"
                 ) from exc
+    _wait_until_led(client, bootstrap, missing)
     return missing
+
+
+def _wait_until_led(
+    client: AdminClient, bootstrap: str, topics: list[str], timeout: float = 15.0
+) -> None:
+    """A created topic reaches the brokers' metadata a moment later (on a cluster, each broker
+    on its own): wait until every partition of each has a leader, so that the caller's next
+    request (a produce, a check of the topics) does not find it missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = _metadata(client, bootstrap)
+        waiting = [
+            t
+            for t in topics
+            if t not in metadata.topics
+            or not metadata.topics[t].partitions
+            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            raise PinError(
+                f"Kafka at {bootstrap} created {', '.join(waiting)} but shows no leader for"
+                f" all of its partitions after {timeout:g}s"
+            )
+        time.sleep(0.2)
 
 
 def check_topics(

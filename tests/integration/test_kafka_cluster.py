@@ -148,7 +148,14 @@ def test_topics_are_replicated_and_migrate_refuses_weaker_ones(
     migration with PIN_KAFKA_PARTITIONS=12: it fails naming the weaker topics, passes with
     allow_weaker_topics reporting them, and leaves every topic as it was (never grown, shrunk or
     recreated)."""
-    metadata = admin(cluster.bootstrap).list_topics(timeout=10)
+    # Each broker learns of new topics on its own: the one answering may be a moment behind.
+    client = admin(cluster.bootstrap)
+    wait_until(
+        lambda: set(ALL_TOPICS) <= set(client.list_topics(timeout=10).topics),
+        timeout=30,
+        what="every broker's metadata to list the topics",
+    )
+    metadata = client.list_topics(timeout=10)
     for topic in ALL_TOPICS:
         partitions = metadata.topics[topic].partitions
         assert len(partitions) == (1 if topic == TOPIC_RELAY_COMMITS else 6), topic
