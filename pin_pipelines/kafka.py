@@ -88,8 +88,10 @@ def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     return True
 
 
-#: Answers of a broker that is up but still settling after a restart: electing partition leaders,
-#: loading the group coordinators' offsets.
+#: Answers of a broker that is up but still settling after a restart or a topic's creation:
+#: electing partition leaders, loading the group coordinators' offsets, a group rebalancing.
+#: The local ones: a connection dropped and redialled, a coordinator still being looked up.
+#: (librdkafka marks none of them retriable on the exceptions of these calls.)
 _SETTLING = frozenset(
     {
         KafkaError.UNKNOWN_LEADER_EPOCH,
@@ -98,6 +100,9 @@ _SETTLING = frozenset(
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError._WAIT_COORD,
+        KafkaError._TRANSPORT,
     }
 )
 

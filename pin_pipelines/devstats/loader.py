@@ -583,8 +583,12 @@ def topic_partitions(consumer: Consumer, topic: str) -> list[int]:
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-    low, high = consumer.get_watermark_offsets(
-        TopicPartition(topic, partition), timeout=KAFKA_TIMEOUT, cached=False
+    """The partition's low and high watermarks, read from its leader (a leader still being
+    elected, right after the topic's creation or a broker's restart, is waited for)."""
+    wanted = TopicPartition(topic, partition)
+    low, high = while_settling(
+        lambda left: consumer.get_watermark_offsets(wanted, timeout=left, cached=False),
+        KAFKA_TIMEOUT,
     )
     return int(low), int(high)
 
