@@ -11,9 +11,9 @@ from typing import Any
 
 import psycopg
 
-from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import dsn_with_dbname
 from pin_pipelines.migrate import migrate_postgres
+from pin_pipelines.recalc.drain import drain_tick
 
 BASE_DSN = os.environ.get("PIN_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin")
 

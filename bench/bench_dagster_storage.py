@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP as DEFAULT_KAFKA
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.db import queries
-from pin_pipelines.devstats.loader import DEFAULT_GROUP
+from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
 SUCCESS_RETENTION_DAYS = 3

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import drain_all, drain_throughput, fresh_database, quantiles
 
-from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import SQL_DIR
 from pin_pipelines.db import queries
+from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.stack.postgres import bindir
 
 

@@ -18,10 +18,10 @@ import json
 import os
 import time
 
-from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import DEFAULT_PG_DSN, dsn_with_dbname
 from pin_pipelines.db import connect
 from pin_pipelines.migrate import migrate_postgres
+from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import aggregates_drift
 
 GOAL_SECONDS = 60.0

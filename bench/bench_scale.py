@@ -33,6 +33,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -56,10 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import BASE_DSN, drain_throughput, fresh_database, quantiles
 from _cpu import CpuMeter, postmaster_pid
 
-from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.config import Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.db import queries
 from pin_pipelines.kafka import ensure_topics
+from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import aggregates_drift
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import free_port, port_open, read_pid
@@ -598,8 +599,10 @@ class _EditLoad:
 
 
 def edit_pool(dsn: str, edits: int) -> list[tuple[UUID, UUID]]:
-    """(object, project) pairs of random Free objects: projects are edited in proportion to their
-    size, as sales are."""
+    """(object, project) pairs of random Free objects, in random order: projects are edited in
+    proportion to their size, as sales are. (The sample comes in table order, where a project's
+    objects are neighbours: unshuffled, the edits would sweep through one project after another
+    and coalesce far more than real ones.)"""
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT count(*) FROM chessboard.property_objects"
@@ -609,6 +612,7 @@ def edit_pool(dsn: str, edits: int) -> list[tuple[UUID, UUID]]:
         pool = [(r[0], r[1]) for r in Q.edit_pool(conn, percent=percent)]
     if len(pool) < edits:
         raise SystemExit(f"only {len(pool)} free objects for {edits} edits")
+    random.shuffle(pool)
     return pool
 
 

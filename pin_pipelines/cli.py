@@ -83,7 +83,7 @@ def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.chessboard.sample import load_sample
+    from pin_pipelines.recalc.sample import load_sample
 
     _summary(load_sample(settings.pg_dsn, projects=args.projects))
 
@@ -92,7 +92,7 @@ def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc
+    from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc
 
     by_name = {r.value.lower(): r for r in RecalcReason}
     reason = by_name.get(args.reason.lower())
@@ -105,7 +105,7 @@ def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
 
 def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
     """SIGTERM/SIGINT finish the project in hand; the rest of the batch stays queued."""
-    from pin_pipelines.chessboard.drain import drain_tick
+    from pin_pipelines.recalc.drain import drain_tick
     from pin_pipelines.signals import stop_requested
 
     stop = stop_requested()
@@ -113,7 +113,7 @@ def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_recalc_requeue(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.chessboard.enqueue import requeue_poisoned
+    from pin_pipelines.recalc.enqueue import requeue_poisoned
 
     requeue_poisoned(settings.pg_dsn, args.project_id)
     _summary({"requeued": str(args.project_id)})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import TopicPartition
 
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats.loader import (
+from pin_pipelines.devstats.offsets import (
     DEFAULT_GROUP,
     KAFKA_TIMEOUT,
     committed_offsets,

@@ -27,31 +27,39 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
 from pin_pipelines.devstats.dim import insert_events, stored_versions
+from pin_pipelines.devstats.dlq import DeadLetters
 from pin_pipelines.devstats.events import (
     BadEvent,
     LayoutGroupUpserted,
     newest_per_group,
     parse_message,
 )
+from pin_pipelines.devstats.offsets import (
+    DEFAULT_GROUP,
+    commit_offsets,
+    committed_offsets,
+    first_unloaded,
+    kafka_consumer,
+    topic_partitions,
+    watermarks,
+)
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, while_settling
+from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
 from pin_pipelines.metrics.recording import record_loader_batch
 from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 
 log = logging.getLogger("pin_pipelines.devstats")
 
-DEFAULT_GROUP = "pin-devstats-dim-layout-group"
-KAFKA_TIMEOUT = 10.0
 CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
 #: Waiting for the group's assignment (join, or rejoin after a revocation) longer than this is a
 #: failure reported in one line, not a silent wait until max_seconds (coordinator unavailable).
@@ -128,41 +136,8 @@ def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSumm
             for p in topic_partitions(consumer, options.topic)
         ]
         if beginnings:
-            _commit(consumer, beginnings)
+            commit_offsets(consumer, beginnings)
     return load_once(settings, options)
-
-
-@contextmanager
-def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
-    """A consumer of the loader's group; commits only by the loader. The lag readers assign
-    partitions explicitly (they never join the group), the loader subscribes."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-            # The relay writes in Kafka transactions: only committed events may reach the
-            # dimension, never those of an aborted or still open transaction. librdkafka's default
-            # already, stated because the loader's correctness depends on it.
-            "isolation.level": "read_committed",
-            # A short fetch long-poll: offset requests for the lag queue behind a pending fetch.
-            "fetch.wait.max.ms": 100,
-            # librdkafka spaces its connection attempts by half of this backoff: with the default
-            # 100 ms, each new consumer's metadata and coordinator requests waited ~50 ms for a
-            # connection ("still suppressed for 49ms" in its debug log), on every cycle. Retries
-            # still back off exponentially up to reconnect.backoff.max.ms.
-            "reconnect.backoff.ms": 10,
-            # A loader killed outright holds its partitions until its session expires (default
-            # 45 s): the freshness budget across a loader's death is this, not the default.
-            "session.timeout.ms": 10000,
-            "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
-        }
-    )
-    with closing(consumer), _kafka_errors(bootstrap):
-        yield consumer
 
 
 @dataclass
@@ -213,7 +188,7 @@ class _Cycle:
         self.bootstrap = bootstrap
         self.options = options
         self.summary = LoadSummary()
-        self.producer: Producer | None = None
+        self.dead_letters = DeadLetters(bootstrap, options.dlq_topic)
         self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
         #: Versions this cycle stored or read, by the group's UUID as an int (see
         #: newest_per_group): a group seen again skips the guard query, which costs about as much
@@ -392,7 +367,7 @@ class _Cycle:
         if asynchronous:
             self.consumer.commit(offsets=offsets, asynchronous=True)
         elif offsets:
-            _commit(self.consumer, offsets)
+            commit_offsets(self.consumer, offsets)
 
     def _next(self, batch: _Batch) -> None:
         """Confirm the batch in flight (the server stored it while this one was decoded), then
@@ -436,7 +411,7 @@ class _Cycle:
     def _finish(self, batch: _Batch) -> None:
         """The batch is stored: its unreadable messages go to the DLQ, then its offsets become
         committable."""
-        self._dead_letter(batch.bad)
+        self.dead_letters.send(batch.bad)
         self.applied.update(batch.ends)
         self._commit_applied(asynchronous=True)
         self.summary.batches += 1
@@ -482,45 +457,6 @@ class _Cycle:
             "committed, the next run replays it)"
         ) from failed
 
-    def _dead_letter(self, bad: Sequence[tuple[Message, str]]) -> None:
-        """Produce the unreadable messages as they came, with why and where from; wait for them."""
-        if not bad:
-            return
-        if self.producer is None:
-            self.producer = Producer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "enable.idempotence": True,
-                    "log_level": 0,
-                }
-            )
-        failures: list[str] = []
-
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failures.append(err.str())
-
-        for msg, error in bad:
-            self.producer.produce(
-                self.options.dlq_topic,
-                key=msg.key(),
-                value=msg.value(),
-                on_delivery=delivered,
-                headers=[
-                    ("error", error.encode()),
-                    ("source-topic", (msg.topic() or "").encode()),
-                    ("source-partition", str(msg.partition()).encode()),
-                    ("source-offset", str(msg.offset()).encode()),
-                ],
-            )
-        left = self.producer.flush(KAFKA_TIMEOUT)
-        if left or failures:
-            raise PinError(
-                f"could not write {left + len(failures)} unreadable events to "
-                f"{self.options.dlq_topic} at {self.bootstrap}"
-                f"{': ' + failures[0] if failures else ''}; this batch's offsets are not committed"
-            )
-
     def _lag(self, partitions: Sequence[int]) -> dict[int, int]:
         if not partitions:
             return {}
@@ -550,61 +486,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-@contextmanager
-def _kafka_errors(bootstrap: str) -> Iterator[None]:
-    """librdkafka's exceptions (broker down, timeouts) as one-line PinErrors."""
-    try:
-        yield
-    except KafkaException as exc:
-        raise PinError(f"Kafka at {bootstrap}: {exc.args[0].str()}") from exc
-
-
 def _position(msg: Message) -> tuple[int, int]:
     """Partition and offset (the stubs allow None, which only error events without one carry)."""
     partition, offset = msg.partition(), msg.offset()
     return (-1 if partition is None else partition), (-1 if offset is None else offset)
-
-
-def first_unloaded(committed: int, low: int, high: int) -> int:
-    """The group's next offset within [low, high]. No commit yet (negative) or one below the
-    retention start reads from `low`; one past the end (the topic was recreated or the broker's
-    data reset) also replays from `low`: stalling there would starve the dimension silently,
-    and the version guard makes the replay idempotent."""
-    return low if committed > high else max(committed, low)
-
-
-def topic_partitions(consumer: Consumer, topic: str) -> list[int]:
-    """The topic's partitions; none when the topic does not exist yet (nothing to load)."""
-    metadata = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None:
-        return []
-    return sorted(found.partitions)
-
-
-def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-    """The partition's low and high watermarks, read from its leader (a leader still being
-    elected, right after the topic's creation or a broker's restart, is waited for)."""
-    wanted = TopicPartition(topic, partition)
-    low, high = while_settling(
-        lambda left: consumer.get_watermark_offsets(wanted, timeout=left, cached=False),
-        KAFKA_TIMEOUT,
-    )
-    return int(low), int(high)
-
-
-def committed_offsets(
-    consumer: Consumer, topic: str, partitions: Sequence[int]
-) -> list[TopicPartition]:
-    """The group's committed offsets (a coordinator still loading after a restart is waited for)."""
-    wanted = [TopicPartition(topic, p) for p in partitions]
-    return while_settling(lambda left: consumer.committed(wanted, timeout=left), KAFKA_TIMEOUT)
-
-
-def _commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
-    done = while_settling(
-        lambda _left: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
-    )
-    for tp in done or []:
-        if tp.error is not None:
-            raise PinError(f"committing offset {tp.offset} of partition {tp.partition}: {tp.error}")

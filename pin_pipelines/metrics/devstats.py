@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats.freshness import unloaded_events
-from pin_pipelines.devstats.loader import (
-    KAFKA_TIMEOUT,
-    LoadOptions,
+from pin_pipelines.devstats.offsets import (
+    DEFAULT_GROUP,
+    committed_offsets,
     kafka_consumer,
     topic_partitions,
     watermarks,
 )
+from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,19 @@ class LoaderKafkaState:
     freshness_lag_seconds: float = 0.0
 
 
-def read_kafka_state(settings: Settings, options: LoadOptions | None = None) -> LoaderKafkaState:
+def read_kafka_state(
+    settings: Settings,
+    *,
+    topic: str = TOPIC_LAYOUT_GROUP,
+    group: str = DEFAULT_GROUP,
+    dlq_topic: str = TOPIC_DEVSTATS_DLQ,
+) -> LoaderKafkaState:
     """Reads as the loader's group without joining it or committing: the loader is undisturbed."""
-    options = options or LoadOptions()
-    behind = unloaded_events(settings, topic=options.topic, group=options.group)
-    with kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
-        partitions = topic_partitions(consumer, options.topic)
-        committed = consumer.committed(
-            [TopicPartition(options.topic, p) for p in partitions], timeout=KAFKA_TIMEOUT
-        )
+    behind = unloaded_events(settings, topic=topic, group=group)
+    with kafka_consumer(settings.kafka_bootstrap, group) as consumer:
+        committed = committed_offsets(consumer, topic, topic_partitions(consumer, topic))
         dead = sum(
-            watermarks(consumer, options.dlq_topic, p)[1]
-            for p in topic_partitions(consumer, options.dlq_topic)
+            watermarks(consumer, dlq_topic, p)[1] for p in topic_partitions(consumer, dlq_topic)
         )
     return LoaderKafkaState(
         consumed={tp.partition: max(tp.offset, 0) for tp in committed},

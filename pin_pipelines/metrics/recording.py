@@ -11,7 +11,7 @@ import psycopg
 from pin_pipelines.db import queries
 
 if TYPE_CHECKING:
-    from pin_pipelines.chessboard.drain import ProjectResult
+    from pin_pipelines.recalc.drain import ProjectResult
 
 #: The drain's outcomes as `chessboard_recalc_runs_total{result}` values; "error" is the spec's
 #: name for a failed run (alert "рост runs_total{result=error}").

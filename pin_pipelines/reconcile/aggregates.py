@@ -12,8 +12,8 @@ from uuid import UUID
 
 import psycopg
 
-from pin_pipelines.chessboard.enqueue import RecalcReason
 from pin_pipelines.db import connection, queries
+from pin_pipelines.recalc.enqueue import RecalcReason
 from pin_pipelines.reconcile.model import DriftRow
 
 ENTITIES = ("project", "building", "layout", "layout_group")

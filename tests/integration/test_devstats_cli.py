@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from pin_pipelines.devstats.loader import DEFAULT_GROUP
+from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from tests.integration.test_devstats_dagster import commit_group, end_offsets
 from tests.support.cli import assert_one_line_error, run_pin, summary

@@ -32,9 +32,10 @@ from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
 from pin_pipelines.defs.devstats.sensors import dim_layout_group_sensor
 from pin_pipelines.defs.resources import RESOURCES
-from pin_pipelines.devstats import freshness, loader
+from pin_pipelines.devstats import freshness, loader, offsets
 from pin_pipelines.devstats.dim import groups, labels
-from pin_pipelines.devstats.loader import DEFAULT_GROUP, LoadOptions
+from pin_pipelines.devstats.loader import LoadOptions
+from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from tests.support.devstats import Group, committed, physical_rows, produce_events
 
@@ -255,7 +256,7 @@ def test_sensor_skips_with_the_reason_when_kafka_is_unreachable(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, kafka_bootstrap: str
 ) -> None:
     monkeypatch.setenv("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    monkeypatch.setattr(loader, "KAFKA_TIMEOUT", 1.0)
+    monkeypatch.setattr(offsets, "KAFKA_TIMEOUT", 1.0)
     monkeypatch.setattr(freshness, "KAFKA_TIMEOUT", 1.0)
     result = evaluate(instance)
     assert isinstance(result, dg.SkipReason)

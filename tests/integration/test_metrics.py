@@ -220,7 +220,9 @@ def test_loader_consumed_lag_and_freshness_from_kafka(
     producer.produce(options.dlq_topic, b"not json", b"k")
     assert producer.flush(10) == 0
 
-    empty = read_kafka_state(settings, options)
+    empty = read_kafka_state(
+        settings, topic=options.topic, group=options.group, dlq_topic=options.dlq_topic
+    )
     assert sum(empty.consumed.values()) == 0 and sum(empty.lag.values()) == 3
     assert empty.dead_lettered == 1
 
@@ -237,7 +239,9 @@ def test_loader_consumed_lag_and_freshness_from_kafka(
     finally:
         consumer.close()
 
-    state = read_kafka_state(settings, options)
+    state = read_kafka_state(
+        settings, topic=options.topic, group=options.group, dlq_topic=options.dlq_topic
+    )
     assert state.consumed[partition] == 1
     assert state.lag[partition] == 2
     assert 590 < state.freshness_lag_seconds < 700

@@ -15,10 +15,10 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from pin_pipelines.chessboard import drain as drain_module
-from pin_pipelines.chessboard.drain import drain_tick
-from pin_pipelines.chessboard.enqueue import force_recalc, requeue_poisoned
 from pin_pipelines.db import queries
+from pin_pipelines.recalc import drain as drain_module
+from pin_pipelines.recalc.drain import drain_tick
+from pin_pipelines.recalc.enqueue import force_recalc, requeue_poisoned
 from tests.support.chessboard import (
     make_all_due,
     make_building,

@@ -12,8 +12,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from pin_pipelines.chessboard.drain import drain_tick
-from pin_pipelines.chessboard.enqueue import force_recalc
+from pin_pipelines.recalc.drain import drain_tick
+from pin_pipelines.recalc.enqueue import force_recalc
 from tests.support.chessboard import (
     make_building,
     make_layout,

@@ -11,7 +11,7 @@ from uuid import UUID
 
 import psycopg
 
-from pin_pipelines.chessboard.drain import STOP_GRACE_SECONDS, drain_tick
+from pin_pipelines.recalc.drain import STOP_GRACE_SECONDS, drain_tick
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.recalc import (

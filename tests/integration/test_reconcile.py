@@ -21,12 +21,12 @@ import dagster as dg
 import psycopg
 import pytest
 
-from pin_pipelines.chessboard.drain import drain_tick
 from pin_pipelines.cli import main
 from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
 from pin_pipelines.devstats.events import COLUMNS
+from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import (
     aggregates_drift,
     compare,

@@ -16,7 +16,7 @@ from uuid import UUID
 import psycopg
 import psycopg.sql
 
-from pin_pipelines.chessboard.drain import TickSummary, drain_tick
+from pin_pipelines.recalc.drain import TickSummary, drain_tick
 from tests.support.chessboard import make_all_due
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

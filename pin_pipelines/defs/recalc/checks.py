@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from pin_pipelines.chessboard.queue_status import poisoned_requests
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+from pin_pipelines.recalc.queue_status import poisoned_requests
 
 
 @dg.asset_check(

@@ -4,11 +4,11 @@ from uuid import UUID
 
 import dagster as dg
 
-from pin_pipelines.chessboard.drain import drain_until_idle
-from pin_pipelines.chessboard.enqueue import RecalcReason, force_recalc, requeue_poisoned
-from pin_pipelines.chessboard.queue_status import poisoned_requests
 from pin_pipelines.defs.common import instance_stopping
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+from pin_pipelines.recalc.drain import drain_until_idle
+from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc, requeue_poisoned
+from pin_pipelines.recalc.queue_status import poisoned_requests
 
 DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
 

@@ -4,7 +4,6 @@ import time
 
 import dagster as dg
 
-from pin_pipelines.chessboard.drain import seconds_until_next_due
 from pin_pipelines.config import Settings
 from pin_pipelines.defs.common import (
     STOPPING_REASON,
@@ -15,6 +14,7 @@ from pin_pipelines.defs.common import (
 from pin_pipelines.defs.recalc.checks import poison_check_job
 from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
 from pin_pipelines.errors import PinError
+from pin_pipelines.recalc.drain import seconds_until_next_due
 
 #: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a
 #: launch takes 3–7 s here, so a row first seen 7 s before its due time would otherwise be

@@ -1,0 +1,109 @@
+"""The loader group's place in the layout-group topic: its consumer, the partitions, their
+watermarks, the group's committed offsets and where loading resumes. The loader writes offsets
+(`commit_offsets`); the lag readers (freshness, metrics) only read them, with a consumer of the
+same group that never joins it.
+
+Calls that a broker answers with a settling error (a leader being elected, a coordinator loading,
+right after a topic's creation or a restart) are retried for up to KAFKA_TIMEOUT
+(`kafka.while_settling`); anything else surfaces as a one-line PinError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import while_settling
+
+DEFAULT_GROUP = "pin-devstats-dim-layout-group"
+KAFKA_TIMEOUT = 10.0
+
+
+@contextmanager
+def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
+    """A consumer of the loader's group; commits only by the loader. The lag readers assign
+    partitions explicitly (they never join the group), the loader subscribes."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            # The relay writes in Kafka transactions: only committed events may reach the
+            # dimension, never those of an aborted or still open transaction. librdkafka's default
+            # already, stated because the loader's correctness depends on it.
+            "isolation.level": "read_committed",
+            # A short fetch long-poll: offset requests for the lag queue behind a pending fetch.
+            "fetch.wait.max.ms": 100,
+            # librdkafka spaces its connection attempts by half of this backoff: with the default
+            # 100 ms, each new consumer's metadata and coordinator requests waited ~50 ms for a
+            # connection ("still suppressed for 49ms" in its debug log), on every cycle. Retries
+            # still back off exponentially up to reconnect.backoff.max.ms.
+            "reconnect.backoff.ms": 10,
+            # A loader killed outright holds its partitions until its session expires (default
+            # 45 s): the freshness budget across a loader's death is this, not the default.
+            "session.timeout.ms": 10000,
+            "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
+        }
+    )
+    with closing(consumer), kafka_errors(bootstrap):
+        yield consumer
+
+
+def first_unloaded(committed: int, low: int, high: int) -> int:
+    """The group's next offset within [low, high]. No commit yet (negative) or one below the
+    retention start reads from `low`; one past the end (the topic was recreated or the broker's
+    data reset) also replays from `low`: stalling there would starve the dimension silently,
+    and the version guard makes the replay idempotent."""
+    return low if committed > high else max(committed, low)
+
+
+def topic_partitions(consumer: Consumer, topic: str) -> list[int]:
+    """The topic's partitions; none when the topic does not exist yet (nothing to load)."""
+    metadata = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        return []
+    return sorted(found.partitions)
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+    """The partition's low and high watermarks, read from its leader (a leader still being
+    elected, right after the topic's creation or a broker's restart, is waited for)."""
+    wanted = TopicPartition(topic, partition)
+    low, high = while_settling(
+        lambda left: consumer.get_watermark_offsets(wanted, timeout=left, cached=False),
+        KAFKA_TIMEOUT,
+    )
+    return int(low), int(high)
+
+
+def committed_offsets(
+    consumer: Consumer, topic: str, partitions: Sequence[int]
+) -> list[TopicPartition]:
+    """The group's committed offsets (a coordinator still loading after a restart is waited for)."""
+    wanted = [TopicPartition(topic, p) for p in partitions]
+    return while_settling(lambda left: consumer.committed(wanted, timeout=left), KAFKA_TIMEOUT)
+
+
+def commit_offsets(consumer: Consumer, offsets: list[TopicPartition]) -> None:
+    done = while_settling(
+        lambda _left: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
+    )
+    for tp in done or []:
+        if tp.error is not None:
+            raise PinError(f"committing offset {tp.offset} of partition {tp.partition}: {tp.error}")
+
+
+@contextmanager
+def kafka_errors(bootstrap: str) -> Iterator[None]:
+    """librdkafka's exceptions (broker down, timeouts) as one-line PinErrors."""
+    try:
+        yield
+    except KafkaException as exc:
+        raise PinError(f"Kafka at {bootstrap}: {exc.args[0].str()}") from exc
