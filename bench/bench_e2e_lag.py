@@ -201,6 +201,8 @@ def main() -> None:
                 "bench": "e2e_lag",
                 "debounce_s": 30,
                 "changes": args.changes,
+                # Edits made before the deadline (a loaded machine slows the loop below --every).
+                "edited": len(edited),
                 "observed": len(visible),
                 "lag": {name: _seconds(values) for name, values in legs.items()},
             }

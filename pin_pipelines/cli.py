@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 from uuid import UUID
 
-from pin_pipelines.config import Settings
+from pin_pipelines.config import Settings, traceback_requested
 from pin_pipelines.errors import PinError
 from pin_pipelines.logs import configure_cli_logging
 
@@ -136,9 +135,15 @@ def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.devstats.loader import load_once
+    from pin_pipelines.devstats.loader import LoadOptions, load_continuously, load_once
+    from pin_pipelines.signals import stop_requested
 
-    _summary(load_once(settings).as_dict())
+    if args.once:
+        _summary(load_once(settings).as_dict())
+        return
+    stopping = stop_requested()  # SIGTERM/SIGINT: the batch in hand commits, then exit 0
+    options = LoadOptions(max_seconds=float("inf"), should_stop=stopping)
+    _summary(load_continuously(settings, options).as_dict())
 
 
 def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
@@ -265,8 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     devstats = sub.add_parser("devstats", help="dev-stats dimension").add_subparsers(
         dest="devstats_command", required=True
     )
-    load = devstats.add_parser("load", help="Kafka → ClickHouse dim_layout_group")
-    load.add_argument("--once", action="store_true", required=True)
+    load = devstats.add_parser(
+        "load", help="Kafka → ClickHouse dim_layout_group, continuously until SIGTERM/SIGINT"
+    )
+    load.add_argument(
+        "--once", action="store_true", help="up to the events in the topic at the start, then exit"
+    )
     load.set_defaults(handler=cmd_devstats_load)
     labels = devstats.add_parser("labels", help="layout-group labels for one developer")
     labels.add_argument("--developer-id", type=_uuid, required=True)
@@ -302,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pin: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # the contract: a one-line message, never a bare traceback
-        if os.environ.get("PIN_DEBUG"):
+        if traceback_requested():
             traceback.print_exc()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(

@@ -21,6 +21,9 @@ DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
 RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
 DEFAULT_KAFKA_PARTITIONS = 6
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
+#: The server `pin stack up --clickhouse-server` manages while PIN_CLICKHOUSE_URL stays on the
+#: embedded engine (CI does this: the native-protocol tests need a server beside chdb).
+DEFAULT_CLICKHOUSE_SERVER_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
 #: A ClickHouse cluster name goes into DDL unquoted (`ON CLUSTER name`, `Distributed(name, …)`).
 _CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -74,6 +77,9 @@ class Settings:
     #: the run queue admits no more. Each is a consumer of the loader's group; more than one only
     #: on a ClickHouse server (the embedded engine admits one process per folder).
     devstats_max_load_runs: int = DEFAULT_DEVSTATS_MAX_LOAD_RUNS
+    #: PIN_CLICKHOUSE_SERVER_URL: the server `pin stack up|status|down --clickhouse-server`
+    #: manages when PIN_CLICKHOUSE_URL does not name one (it is chdb, or a cluster's server).
+    clickhouse_server_url: str = DEFAULT_CLICKHOUSE_SERVER_URL
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -115,6 +121,8 @@ class Settings:
             kafka_replication_factor=_whole(e, "PIN_KAFKA_REPLICATION_FACTOR"),
             kafka_min_insync_replicas=_whole(e, "PIN_KAFKA_MIN_INSYNC_REPLICAS"),
             devstats_max_load_runs=_load_runs(e, clickhouse_url),
+            clickhouse_server_url=e.get("PIN_CLICKHOUSE_SERVER_URL")
+            or DEFAULT_CLICKHOUSE_SERVER_URL,
         )
 
     @property
@@ -132,6 +140,12 @@ class Settings:
     @property
     def kafka_is_local(self) -> bool:
         return self.kafka_host_port[0] in LOOPBACK_HOSTS
+
+
+def traceback_requested(env: Mapping[str, str] | None = None) -> bool:
+    """PIN_DEBUG: `pin` prints the traceback of an unexpected error under its one-line message.
+    Apart from Settings: it is asked when reading the settings may itself have failed."""
+    return bool((os.environ if env is None else env).get("PIN_DEBUG"))
 
 
 def _whole(env: Mapping[str, str], name: str) -> int | None:

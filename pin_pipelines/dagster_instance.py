@@ -3,7 +3,8 @@ dagster.yaml plus the run-queue limit that a setting owns.
 
 PIN_RECALC_MAX_DRAIN_RUNS caps concurrent drain runs twice: the sensor launches no more, and the
 QueuedRunCoordinator's tag limit admits no more (runs launched by hand from the UI included).
-PIN_DEVSTATS_MAX_LOAD_RUNS caps the dim_layout_group loads the same way.
+PIN_DEVSTATS_MAX_LOAD_RUNS caps the dim_layout_group loads the same way, plus one: the successor
+of a long-lived load run starts shortly before that run ends.
 Dagster reads a tag limit as a plain integer (no `env:` source, unlike the storage URL), so the
 limit is written into the installed copy from the setting; the repository file holds none, which
 would be a second value for the same knob.
@@ -17,8 +18,7 @@ from typing import Any
 import yaml
 
 from pin_pipelines.config import SOURCE_ROOT, Settings
-from pin_pipelines.defs.devstats.jobs import DEVSTATS_JOB_TAGS
-from pin_pipelines.defs.recalc.jobs import DRAIN_JOB_TAGS
+from pin_pipelines.run_tags import DEVSTATS_JOB_TAGS, DRAIN_JOB_TAGS
 
 TEMPLATE = SOURCE_ROOT / "dagster.yaml"
 
@@ -39,7 +39,8 @@ def instance_config(settings: Settings) -> dict[str, Any]:
             {"key": key, "value": value, "limit": limit}
             for tags, limit in (
                 (DRAIN_JOB_TAGS, settings.recalc_max_drain_runs),
-                (DEVSTATS_JOB_TAGS, settings.devstats_max_load_runs),
+                # + 1: a load run's successor starts before the run ends (the hand-over).
+                (DEVSTATS_JOB_TAGS, settings.devstats_max_load_runs + 1),
             )
             for key, value in tags.items()
         ),

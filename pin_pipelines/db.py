@@ -1,19 +1,27 @@
-"""Thin psycopg 3 access: connections with clear errors, and the named queries of `sql/`."""
+"""Thin psycopg 3 access: connections with clear errors, and the named queries of `sql/`.
+
+One way to reach a named query: a module-level `Q = queries("<file>")` in each module that runs
+them, then `Q.name(conn, ...)` for counts and writes, or `fetch_one`/`fetch_all`/`fetch_column`
+when the rows are read, so a row is a small frozen dataclass read by column name, not a tuple.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosql
 import psycopg
+from psycopg.rows import class_row, scalar_row
 
 from pin_pipelines.config import SQL_DIR
 from pin_pipelines.errors import PinError, first_line
 
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
+
+Row = TypeVar("Row")
 
 
 def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 5) -> psycopg.Connection:
@@ -37,6 +45,25 @@ def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connec
 def queries(name: str) -> Any:
     """Named queries of `sql/postgres/queries/<name>.sql` (aiosql, psycopg driver)."""
     return aiosql.from_path(QUERIES_DIR / f"{name}.sql", "psycopg")
+
+
+def fetch_one(query: Any, conn: psycopg.Connection, row: type[Row], **params: Any) -> Row | None:
+    """The first row of named query `query` as a `row` (psycopg `class_row`: its fields are the
+    query's column names, so a reordered SELECT cannot shift values into the wrong field)."""
+    with conn.cursor(row_factory=class_row(row)) as cursor:
+        return cursor.execute(query.sql, params).fetchone()
+
+
+def fetch_all(query: Any, conn: psycopg.Connection, row: type[Row], **params: Any) -> list[Row]:
+    """Every row of named query `query`, each a `row` (see `fetch_one`)."""
+    with conn.cursor(row_factory=class_row(row)) as cursor:
+        return cursor.execute(query.sql, params).fetchall()
+
+
+def fetch_column(query: Any, conn: psycopg.Connection, **params: Any) -> list[Any]:
+    """The one column of every row of named query `query`."""
+    with conn.cursor(row_factory=scalar_row) as cursor:
+        return cursor.execute(query.sql, params).fetchall()
 
 
 def _redact(dsn: str) -> str:

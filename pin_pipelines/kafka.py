@@ -90,8 +90,10 @@ def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
 
 #: Answers of a broker that is up but still settling after a restart or a topic's creation:
 #: electing partition leaders, loading the group coordinators' offsets, a group rebalancing.
-#: The local ones: a connection dropped and redialled, a coordinator still being looked up.
-#: (librdkafka marks none of them retriable on the exceptions of these calls.)
+#: The local ones: a connection dropped and redialled, a coordinator still being looked up, the
+#: handle of a broker that left the cluster destroyed under a call (a killed broker of three: the
+#: call goes to the partition's new leader when retried). (librdkafka marks none of them
+#: retriable on the exceptions of these calls.)
 _SETTLING = frozenset(
     {
         KafkaError.UNKNOWN_LEADER_EPOCH,
@@ -103,6 +105,7 @@ _SETTLING = frozenset(
         KafkaError.REBALANCE_IN_PROGRESS,
         KafkaError._WAIT_COORD,
         KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
     }
 )
 

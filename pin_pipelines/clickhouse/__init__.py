@@ -31,14 +31,18 @@ __all__ = [
 ]
 
 
-def open_clickhouse(url: str) -> ClickHouse:
+def open_clickhouse(url: str, *, serve: bool = False) -> ClickHouse:
     """A client for `url` (use it as a context manager). The backends import lazily: chdb loads a
-    large engine library that a server-only process never needs."""
+    large engine library that a server-only process never needs.
+
+    `serve` matters on the embedded engine only: a long-lived process (the continuous loader)
+    keeps the folder open and answers the other processes' statements until it closes
+    (`clickhouse/owner.py`); a server needs nothing of the kind."""
     target = parse_clickhouse_url(url)
     if isinstance(target, Path):
         from pin_pipelines.clickhouse.embedded import EmbeddedClickHouse
 
-        return EmbeddedClickHouse(target)
+        return EmbeddedClickHouse(target, serve=serve)
     from pin_pipelines.clickhouse.server import ServerClickHouse
 
     return ServerClickHouse(target)

@@ -1,41 +1,79 @@
 """The embedded engine (chdb): ClickHouse inside this process, data in one folder.
 
-chdb lets one process at a time own a folder (it holds a lock on `<folder>/status`) and one folder
-per process. Both conflicts become a one-line PinError instead of chdb's generic "Error initializing
-EmbeddedServer" (the real cause only reaches stderr).
+chdb lets one process at a time have a folder open (it holds a lock on `<folder>/status`) and one
+folder at a time per process. A long-lived process opens the folder as its owner (`serve=True`,
+the continuous loader) and answers the other processes' statements (`owner.py`); everyone else
+sends its statements to the owner when one answers, and opens the folder itself otherwise. A
+folder held by another process that serves nothing is a one-line PinError instead of chdb's
+generic "Error initializing EmbeddedServer" (the real cause only reaches stderr), and so is a
+second folder in one process.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import chdb.session
 
+from pin_pipelines.clickhouse import owner
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseError, ClickHouseUnavailable, Row
 from pin_pipelines.clickhouse.literals import Param, literal, render
+from pin_pipelines.errors import PinError
+
+log = logging.getLogger("pin_pipelines.clickhouse")
 
 _OTHER_FOLDER = re.compile(r"already initialized with path '([^']*)'")
+#: How long an owner waits for a folder that a process serving nothing has open (a reader that
+#: came while no owner ran: seconds), and anyone for an owner that is starting or handing over.
+OPEN_WAIT = 60.0
 
 
 class EmbeddedClickHouse(ClickHouse):
-    def __init__(self, folder: Path) -> None:
+    """The folder's session in this process, or a connection to the process that owns it.
+
+    With `serve`, this process becomes the folder's owner when none answers: it waits (up to
+    OPEN_WAIT) for the folder, opens it and answers other processes until `close`. When another
+    owner answers (the run this one succeeds), it sends its statements there and takes the
+    folder over as soon as that owner lets go of it, idle or not, so readers never find the
+    folder without an owner for longer than its open takes. A process that has the folder open
+    already shares its session (chdb) and serves nothing more.
+    """
+
+    def __init__(self, folder: Path, *, serve: bool = False) -> None:
         self.location = str(folder)
+        self._folder = folder
+        self._serve = serve
+        self._session: chdb.session.Session | None = None
+        self._owner: Connection | None = None  # the owning process, when not this one
+        self._server: owner.OwnerServer | None = None
+        self._owner_lock: int | None = None
+        #: Held while a statement runs or the backend changes (a take-over, a close).
+        self._switch = threading.RLock()
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+        #: The owner lock, got by the watcher, not yet used; _claim guards the hand-off.
+        self._pending_lock: int | None = None
+        self._claim = threading.Lock()
         folder.mkdir(parents=True, exist_ok=True)
-        holder = _other_process_holding(folder)
-        if holder is not None:
-            raise _busy(folder, holder)
-        try:
-            self._session = chdb.session.Session(str(folder))
-        except RuntimeError as exc:
-            raise _open_error(folder, exc) from exc
+        with self._switch:
+            self._attach()
+
+    @property
+    def serving(self) -> bool:
+        """Whether this process owns the folder and answers others on its socket."""
+        return self._server is not None
 
     def command(self, sql: str, params: Mapping[str, Param] | None = None) -> None:
         self._query(render(sql, params), "Null")
@@ -57,9 +95,10 @@ class EmbeddedClickHouse(ClickHouse):
         rows: Sequence[Sequence[Any]],
         dedup_token: str | None = None,
     ) -> None:
-        """Stores the rows before it returns (chdb runs in this process). chdb has no insert
-        API: the rows go inline as one JSON array of objects (JSONEachRow accepts it), which
-        needs no SQL escaping and is encoded in one C-speed `json.dumps`.
+        """Stores the rows before it returns (chdb runs in this process, or the owner answers
+        once they are stored). chdb has no insert API: the rows go inline as one JSON array of
+        objects (JSONEachRow accepts it), which needs no SQL escaping and is encoded in one
+        C-speed `json.dumps`.
 
         Times are sent as ISO-8601 with their offset and parsed best-effort, so the stored instant
         does not depend on the process's time zone.
@@ -80,39 +119,193 @@ class EmbeddedClickHouse(ClickHouse):
             f"INSERT INTO {table} ({', '.join(columns)}) SETTINGS {settings} "
             f"FORMAT JSONEachRow {payload}",
             "Null",
+            repeatable=False,
         )
 
     def close(self) -> None:
-        self._session.close()
+        """An owner first answers the statements in progress and refuses new ones (they go to
+        the next owner), then closes the folder, then lets the next owner take it."""
+        self._closed.set()
+        with self._switch:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+            for lock in (self._owner_lock, self._take_pending_lock()):
+                if lock is not None:
+                    os.close(lock)
+            self._owner_lock = None
+            if self._owner is not None:
+                self._owner.close()
+                self._owner = None
+        if self._watcher is not None:
+            self._watcher.join()
 
-    def _query(self, sql: str, fmt: str) -> str:
+    def _attach(self) -> None:
+        """This process's session, the owner's connection, or (with `serve`) ownership."""
+        folder = self._folder
+        deadline = time.monotonic() + OPEN_WAIT
+        while True:
+            if _holder(folder) == _THIS_PROCESS:
+                self._open_session()
+                return
+            self._owner = owner.connect(folder)
+            if self._owner is not None:
+                if self._serve and (self._watcher is None or not self._watcher.is_alive()):
+                    self._watcher = threading.Thread(
+                        target=self._take_over_when_free, name="pin-chdb-successor", daemon=True
+                    )
+                    self._watcher.start()
+                return
+            if self._serve:
+                lock = self._take_pending_lock() or owner.take_owner_lock(folder)
+                if lock is not None:
+                    self._become_owner(lock, deadline)
+                    return
+            else:
+                self._owner = owner.wait_for_owner(folder, deadline - time.monotonic())
+                if self._owner is not None:
+                    return
+                if not owner.owner_lock_held(folder):
+                    self._open_session()  # no owner: the folder itself, or the busy error
+                    return
+            if time.monotonic() > deadline:
+                raise ClickHouseUnavailable(
+                    f"embedded ClickHouse folder {folder}: its owner did not answer within "
+                    f"{OPEN_WAIT:g}s ({owner.LOCK_NAME} is held)"
+                )
+            time.sleep(0.02)
+
+    def _take_over_when_free(self) -> None:
+        """While this process sends its statements to another owner: take the owner lock as soon
+        as that owner releases it, and the folder with it (its statements come here next)."""
+        while self._owner is not None and not self._closed.wait(0.01):
+            lock = owner.take_owner_lock(self._folder)
+            if lock is None:
+                continue
+            with self._claim:
+                self._pending_lock = lock
+            with self._switch:
+                lock = self._take_pending_lock()
+                if lock is None:  # a statement found the owner gone and took the folder first
+                    return
+                if self._closed.is_set():
+                    os.close(lock)
+                    return
+                if self._owner is not None:
+                    self._owner.close()
+                    self._owner = None
+                try:
+                    self._become_owner(lock, time.monotonic() + OPEN_WAIT)
+                except PinError as exc:  # the next statement attaches again
+                    log.warning("embedded ClickHouse %s not taken over: %s", self._folder, exc)
+            return
+
+    def _take_pending_lock(self) -> int | None:
+        with self._claim:
+            lock, self._pending_lock = self._pending_lock, None
+        return lock
+
+    def _become_owner(self, lock: int, deadline: float) -> None:
+        """Wait for the folder (a reader may have opened it while no owner ran: it holds it for
+        its statement), open it, serve it."""
         try:
-            result = self._session.query(sql, fmt)
+            while self._session is None:
+                try:
+                    self._open_session()
+                except ClickHouseUnavailable:  # busy: a reader that came while no owner ran
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            try:
+                self._server = owner.OwnerServer(self._folder, self._run)
+            except OSError as exc:
+                raise ClickHouseError(
+                    f"cannot serve embedded ClickHouse at {self._folder} on "
+                    f"{owner.socket_path(self._folder)}: {exc}"
+                ) from exc
+        except BaseException:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+            os.close(lock)
+            raise
+        self._owner_lock = lock
+
+    def _open_session(self) -> None:
+        holder = _holder(self._folder)
+        if holder not in (_FREE, _THIS_PROCESS):
+            raise _busy(self._folder, holder)
+        try:
+            self._session = chdb.session.Session(str(self._folder))
         except RuntimeError as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise ClickHouseError(f"embedded ClickHouse at {self.location}: {first_line}") from exc
-        return result.bytes().decode() if result is not None else ""
+            raise _open_error(self._folder, exc) from exc
+
+    def _run(self, sql: str, fmt: str) -> bytes:
+        """A statement on this process's session (its own, or one an asking process sent)."""
+        assert self._session is not None
+        result = self._session.query(sql, fmt)
+        return result.bytes() if result is not None else b""
+
+    def _query(self, sql: str, fmt: str, *, repeatable: bool = True) -> str:
+        """Run here, or in the owner. An owner that stops hands the statement back unrun (it goes
+        to the next owner, or to the folder itself); one whose connection broke may have run it,
+        so only a repeatable statement is sent again (an insert fails as unavailable: the
+        loader's retry reads its guard before it inserts again)."""
+        with self._switch:
+            if self._closed.is_set():
+                raise ClickHouseError(f"embedded ClickHouse at {self.location} is closed")
+            if self._owner is None and self._session is None:  # a take-over that failed
+                self._attach()
+            while self._owner is not None:
+                try:
+                    return owner.ask(self._owner, sql, fmt).decode()
+                except owner.StatementFailed as exc:
+                    raise ClickHouseError(f"embedded ClickHouse at {self.location}: {exc}") from exc
+                except owner.OwnerGone as exc:
+                    self._owner.close()
+                    self._owner = None
+                    if exc.executed is None and not repeatable:
+                        raise ClickHouseUnavailable(
+                            f"embedded ClickHouse at {self.location}: {exc}; the statement may "
+                            "or may not have run"
+                        ) from exc
+                    self._attach()
+            try:
+                return self._run(sql, fmt).decode()
+            except RuntimeError as exc:
+                text = str(exc).strip()
+                first_line = text.splitlines()[0] if text else repr(exc)
+                raise ClickHouseError(
+                    f"embedded ClickHouse at {self.location}: {first_line}"
+                ) from exc
 
 
-def _other_process_holding(folder: Path) -> str | None:
-    """Who holds the folder's lock, when it is another process ("process 123"); else None.
+_FREE = "free"
+_THIS_PROCESS = "this process"
+
+
+def _holder(folder: Path) -> str:
+    """Who has the folder open: _FREE, _THIS_PROCESS, or "process 123" (another one).
 
     Probing first keeps chdb from printing its own lock error to stderr in the common case.
     """
     try:
         fd = os.open(folder / "status", os.O_RDONLY)
     except FileNotFoundError:
-        return None
+        return _FREE
     try:
         found = re.search(r"PID: (\d+)", os.read(fd, 256).decode(errors="replace"))
-        if found and int(found.group(1)) == os.getpid():
-            return None  # this process already has the folder open: chdb shares it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if found and int(found.group(1)) == os.getpid():
+                return _THIS_PROCESS  # chdb shares the open folder within a process
             return f"process {found.group(1)}" if found else "another process"
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        return _FREE
     finally:
         os.close(fd)
 
@@ -126,8 +319,8 @@ def _busy(folder: Path, holder: str) -> ClickHouseUnavailable:
 
 
 def _open_error(folder: Path, exc: RuntimeError) -> ClickHouseError | ClickHouseUnavailable:
-    holder = _other_process_holding(folder)
-    if holder is not None:  # lost a race with another process opening the same folder
+    holder = _holder(folder)
+    if holder not in (_FREE, _THIS_PROCESS):  # lost a race with another process opening it
         return _busy(folder, holder)
     other = _OTHER_FOLDER.search(str(exc))
     if other:

@@ -1,7 +1,10 @@
 """Shared by every domain's definitions: is a job already queued or running, is `pin serve`
-stopping, and the one way the project declares a schedule."""
+stopping, the one way the project declares a schedule (of a job, or of a check alone), the
+ClickHouse pool and the id lists of metadata."""
 
+import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -26,6 +29,23 @@ def in_flight_records(
 
 def runs_in_flight(context: dg.SensorEvaluationContext, job_name: str, limit: int = 5) -> int:
     return len(in_flight_records(context, job_name, limit))
+
+
+#: A long-lived run's successor is launched this long before the run in flight ends: a launch
+#: takes 3–10 s on this machine, and the successor waits (relay: on the relay lock; loader: beside
+#: it, in the consumer group) for the rest.
+HANDOVER_SECONDS = 20.0
+
+
+def ending_soon(record: dg.RunRecord, op: str, default_budget: float, margin: float) -> bool:
+    """Whether a started long-lived run (its op `op` runs for `budget_seconds` of its config, or
+    `default_budget`) ends within `margin` seconds: time for the sensor to launch its successor."""
+    if record.start_time is None:
+        return False
+    run_config: dict[str, Any] = dict(record.dagster_run.run_config)
+    op_config = run_config.get("ops", {}).get(op, {}).get("config", {})
+    budget = float(op_config.get("budget_seconds", default_budget))
+    return time.time() - record.start_time > budget - margin
 
 
 #: `pin serve` writes this file into DAGSTER_HOME when it is asked to stop: sensors launch nothing
@@ -57,3 +77,39 @@ def running_schedule(
         description=description,
         should_execute=lambda context: not instance_stopping(context.instance),
     )
+
+
+def check_schedule(
+    check: dg.AssetChecksDefinition,
+    *,
+    job_name: str,
+    cron: str,
+    description: str,
+    name: str | None = None,
+) -> dg.ScheduleDefinition:
+    """A running_schedule of a job `job_name` that evaluates `check` alone: a check that must
+    also run when no materialization does (Definitions picks the job up from the schedule)."""
+    return running_schedule(
+        name=name,
+        job=dg.define_asset_job(
+            job_name, selection=dg.AssetSelection.checks(check), description=description
+        ),
+        cron=cron,
+        description=description,
+    )
+
+
+#: The embedded ClickHouse engine admits one process per data folder; dagster.yaml limits every
+#: pool to one op at a time. The continuous loader is not in it: it owns the folder and answers
+#: the others (clickhouse/owner.py). The ops in it (the versions check, the drift asset, the
+#: backfill) then go through the loader; while none runs, they take turns instead of one of them
+#: finding the folder busy.
+CLICKHOUSE_POOL = "clickhouse"
+
+#: Ids listed in metadata, ready to paste into a job's config (force_recalc_job's project_ids).
+LISTED_IDS = 200
+
+
+def id_list(ids: list[Any]) -> dg.MetadataValue:
+    """The first LISTED_IDS ids as a JSON list of strings."""
+    return dg.MetadataValue.json([str(i) for i in ids[:LISTED_IDS]])

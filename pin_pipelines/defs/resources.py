@@ -1,4 +1,5 @@
-"""The one resource every domain uses: the contract's settings, read at run time."""
+"""The one resource every domain uses: the contract's settings, read at run time by ops, asset
+checks and sensors alike."""
 
 import dagster as dg
 
@@ -11,8 +12,10 @@ class PinSettings(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Every op of the project uses this resource: its run's pin_pipelines lines go to the
-        # run's stdout from here on.
-        configure_run_logging()
+        # run's stdout from here on. Sensors use it too, outside any run (context.run is None):
+        # the code server's logging is left as it is.
+        if context.run is not None:
+            configure_run_logging()
 
     def get(self) -> Settings:
         return Settings.from_env()

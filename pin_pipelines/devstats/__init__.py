@@ -1,6 +1,6 @@
 """dev-stats dimension dim_layout_group (spec 003): Kafka layout-group events → ClickHouse.
 
-`loader.load_once` runs one bounded consume-and-load cycle (CLI and Dagster asset);
-`loader.backfill` replays the topic; `dim` holds the
-reads (labels, groups, freshness) and the write.
+`loader.load_continuously` loads as events come (`pin devstats load`, the Dagster asset's
+long-lived runs); `loader.load_once` runs one bounded cycle (`--once`); `loader.backfill` replays
+the topic; `dim` holds the reads (labels, groups, freshness) and the write.
 """

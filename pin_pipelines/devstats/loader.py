@@ -1,16 +1,19 @@
-"""The dim_layout_group loader: one bounded consume-and-load cycle over the layout-group topic.
+"""The dim_layout_group loader: a bounded cycle (`load_once`) or a continuous load
+(`load_continuously`) over the layout-group topic, one machinery for both (`_Cycle`).
 
 Loaders are members of one consumer group (subscribe): N of them at once (on a ClickHouse server,
-PIN_DEVSTATS_MAX_LOAD_RUNS) split the partitions. A cycle reads each partition it is assigned from
-the group's committed offset up to the high watermark seen when it was assigned, so it always ends
-(new events wait for the next cycle). When a rebalance takes its partitions (another loader joins
-or leaves), the batch in hand is stored and its offsets committed before they are released: the
-next owner starts where this one stopped, and nothing is skipped or applied twice.
+PIN_DEVSTATS_MAX_LOAD_RUNS, and a run and its successor during a hand-over) split the partitions.
+A bounded cycle reads each partition it is assigned from the group's committed offset up to the
+high watermark seen when it was assigned, so it always ends (new events wait for the next cycle).
+A continuous load reads on (idle polls of 0.1 s) until its deadline or stop, then stores and
+commits the batch in hand. When a rebalance takes its partitions (another loader joins or leaves),
+the batch in hand is stored and its offsets committed before they are released: the next owner
+starts where this one stopped, and nothing is skipped or applied twice.
 
-Per batch (≤ 1000 events or 5 s): bad messages are set aside for the DLQ, duplicates of a group
-reduced to the highest Version, the stored versions of the batch's groups read in one query, the
-newer events inserted in one insert, the bad messages produced to the DLQ, and only then the
-batch's offsets committed. A crash anywhere before
+Per batch (≤ 1000 events or 0.25 s since its first one): bad messages are set aside for the
+DLQ, duplicates of a group reduced to the highest Version, the stored versions of the batch's
+groups read in one query, the newer events inserted in one insert, the bad messages produced to
+the DLQ, and only then the batch's offsets committed. A crash anywhere before
 the commit replays the batch, and the version guard makes the replay a no-op for what was applied.
 A message is unreadable when its value is not a contract event or its key is not the event's Id.
 Reads are read_committed (the relay writes in Kafka transactions); a partition read to its end has
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -36,6 +40,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
+from pin_pipelines.devstats.counters import record_loader_batch
 from pin_pipelines.devstats.dim import insert_events, stored_versions
 from pin_pipelines.devstats.dlq import DeadLetters
 from pin_pipelines.devstats.events import (
@@ -55,7 +60,7 @@ from pin_pipelines.devstats.offsets import (
 )
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
-from pin_pipelines.metrics.recording import record_loader_batch
+from pin_pipelines.quantiles import quantile
 from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 
 log = logging.getLogger("pin_pipelines.devstats")
@@ -72,8 +77,11 @@ class LoadOptions:
     group: str = DEFAULT_GROUP
     dlq_topic: str = TOPIC_DEVSTATS_DLQ
     batch_size: int = 1000
-    batch_seconds: float = 5.0
-    #: Hard bound of one cycle; what is left shows as lag and `complete: false`.
+    #: A batch is stored at the latest this long after its first event arrived: with the 0.1 s
+    #: idle poll, an event is visible within about half a second under a light flow.
+    batch_seconds: float = 0.25
+    #: Hard bound of one cycle, and the budget of a continuous load (`inf`: until stopped); what
+    #: a cycle leaves shows as lag and `complete: false`.
     max_seconds: float = 300.0
     #: ClickHouse unreachable: attempts per batch, waiting 0.5 s, 1 s, 2 s, … between them.
     attempts: int = 5
@@ -83,6 +91,12 @@ class LoadOptions:
     should_stop: Callable[[], bool] = lambda: False
 
 
+#: Samples kept for the freshness quantiles of a load (a uniform sample of its inserted events).
+FRESHNESS_SAMPLES = 20_000
+#: A continuous load records its inserted/skipped counters for the exporter this often.
+COUNTERS_EVERY_SECONDS = 5.0
+
+
 @dataclass
 class LoadSummary:
     consumed: int = 0
@@ -90,39 +104,80 @@ class LoadSummary:
     skipped_stale: int = 0  # older than the stored version, or superseded within the batch
     dead_lettered: int = 0
     batches: int = 0
-    lag: dict[int, int] = field(default_factory=dict)  # partition → events left after the cycle
-    complete: bool = True  # False when max_seconds ran out before the start watermarks
+    lag: dict[int, int] = field(default_factory=dict)  # partition → events left after the load
+    #: A cycle: False when max_seconds ran out before the start watermarks. A continuous load:
+    #: whether it had caught up with the topic when it stopped (no lag left).
+    complete: bool = True
     seconds: float = 0.0
+    #: Produced (the message's Kafka timestamp) → visible (its insert confirmed) of the events
+    #: this load inserted, seconds: p50, p99 and max (None when it inserted nothing).
+    freshness_p50_seconds: float | None = None
+    freshness_p99_seconds: float | None = None
+    freshness_max_seconds: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "lag": {str(p): n for p, n in sorted(self.lag.items())}}
 
 
 def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
-    """One cycle: `pin devstats load --once` and one materialization of the asset."""
-    options = options or LoadOptions()
+    """One cycle: `pin devstats load --once`, the backfill, the tests."""
+    return _load(settings, options or LoadOptions(), continuous=False)
+
+
+def load_continuously(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
+    """Load as events come until `options.max_seconds` pass or `options.should_stop()`: `pin
+    devstats load` without --once and the dim_layout_group asset's long-lived run.
+
+    On the embedded engine this process owns the folder meanwhile and answers the other
+    processes' statements (readers, its successor): see clickhouse/owner.py.
+    """
+    return _load(settings, options or LoadOptions(), continuous=True)
+
+
+def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> LoadSummary:
+    counters = _Counters(settings.pg_dsn, every=COUNTERS_EVERY_SECONDS if continuous else None)
     with (
-        open_clickhouse(settings.clickhouse_url) as ch,
+        open_clickhouse(settings.clickhouse_url, serve=continuous) as ch,
         kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
         _collector_paused(),
     ):
-        summary = _Cycle(ch, consumer, settings.kafka_bootstrap, options).run()
-    _record_counters(settings.pg_dsn, summary)
+        summary = _Cycle(
+            ch, consumer, settings.kafka_bootstrap, options, continuous, counters
+        ).run()
+    counters.record()
     return summary
 
 
-def _record_counters(pg_dsn: str, summary: LoadSummary) -> None:
-    """The exporter's inserted/skipped counters live in PostgreSQL. Best effort, after the offsets
-    are committed: the load has succeeded, and a lost count must not turn it into a failure."""
-    if not (summary.inserted or summary.skipped_stale):
-        return
-    try:
-        with connection(pg_dsn, autocommit=True) as conn:
-            record_loader_batch(
-                conn, inserted=summary.inserted, skipped_stale=summary.skipped_stale
-            )
-    except (PinError, psycopg.Error) as exc:
-        log.warning("loader counters not recorded: %s", exc)
+class _Counters:
+    """The exporter's inserted/skipped counters live in PostgreSQL: recorded after the offsets
+    are committed, at the end of a load and every `every` seconds of a continuous one. Best
+    effort: the load has succeeded, and a lost count must not turn it into a failure."""
+
+    def __init__(self, pg_dsn: str, every: float | None) -> None:
+        self.pg_dsn = pg_dsn
+        self.every = every
+        self.inserted = self.skipped_stale = 0
+        self.recorded_at = time.monotonic()
+
+    def add(self, inserted: int, skipped_stale: int) -> None:
+        self.inserted += inserted
+        self.skipped_stale += skipped_stale
+
+    def record_if_due(self) -> None:
+        if self.every is not None and time.monotonic() - self.recorded_at >= self.every:
+            self.record()
+
+    def record(self) -> None:
+        self.recorded_at = time.monotonic()
+        if not (self.inserted or self.skipped_stale):
+            return
+        try:
+            with connection(self.pg_dsn, autocommit=True) as conn:
+                record_loader_batch(conn, inserted=self.inserted, skipped_stale=self.skipped_stale)
+        except (PinError, psycopg.Error) as exc:
+            log.warning("loader counters not recorded: %s", exc)
+        else:
+            self.inserted = self.skipped_stale = 0
 
 
 def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
@@ -151,6 +206,8 @@ class _Batch:
     decoded: int  # readable events, superseded ones included
     started: float = field(default_factory=time.monotonic)
     fresh: list[LayoutGroupUpserted] = field(default_factory=list)  # newer than stored: inserted
+    #: Group → Kafka timestamp (ms) of the message whose event `newest` kept.
+    produced_ms: dict[int, int] = field(default_factory=dict)
     #: The recalcs that wrote these events (their `traceparent` headers), when tracing is on.
     origins: list[bytes] = field(default_factory=list)
     started_ns: int = field(default_factory=time.time_ns)
@@ -158,13 +215,21 @@ class _Batch:
 
 def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
     events: list[LayoutGroupUpserted] = []
+    readable: list[Message] = []
     bad: list[tuple[Message, str]] = []
     for msg in messages:
         try:
             events.append(parse_message(msg.key(), msg.value()))
         except BadEvent as exc:
             bad.append((msg, str(exc)))
-    batch = _Batch(newest_per_group(events), bad, ends, len(messages), len(events))
+        else:
+            readable.append(msg)
+    newest = newest_per_group(events)
+    batch = _Batch(newest, bad, ends, len(messages), len(events))
+    for event, msg in zip(events, readable, strict=True):
+        key = event.id.int
+        if newest[key] is event:
+            batch.produced_ms[key] = msg.timestamp()[1]
     if tracing_enabled():
         batch.origins = [
             header[1]
@@ -176,20 +241,32 @@ def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
 
 
 class _Cycle:
+    """One load: `continuous` reads every assigned partition on, past its watermark, until the
+    deadline or a stop; otherwise each up to the watermark it had when assigned."""
+
     def __init__(
         self,
         ch: ClickHouse,
         consumer: Consumer,
         bootstrap: str,
         options: LoadOptions,
+        continuous: bool,
+        counters: _Counters,
     ) -> None:
         self.ch = ch
         self.consumer = consumer
         self.bootstrap = bootstrap
         self.options = options
+        self.continuous = continuous
+        self.counters = counters
         self.summary = LoadSummary()
+        #: Produced → visible of inserted events, seconds: a uniform sample of `freshness_seen`.
+        self.freshness: list[float] = []
+        self.freshness_seen = 0
+        self.freshness_max: float | None = None
         self.dead_letters = DeadLetters(bootstrap, options.dlq_topic)
         self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
+        self.sent_commit: dict[int, int] = {}  # `applied` when last committed asynchronously
         #: Versions this cycle stored or read, by the group's UUID as an int (see
         #: newest_per_group): a group seen again skips the guard query, which costs about as much
         #: as the insert. A group's events are in one partition, and this loader is the only one
@@ -223,12 +300,18 @@ class _Cycle:
             finally:
                 self.closing = True
         self.summary.lag = self._lag(partitions)
+        if self.continuous:
+            self.summary.complete = not any(self.summary.lag.values())
         self.summary.seconds = round(time.monotonic() - started, 3)
+        ranked = sorted(self.freshness)
+        self.summary.freshness_p50_seconds = quantile(ranked, 0.5)
+        self.summary.freshness_p99_seconds = quantile(ranked, 0.99)
+        self.summary.freshness_max_seconds = self.freshness_max
         return self.summary
 
     def _assigned(self, consumer: Consumer, assignment: list[TopicPartition]) -> None:
         """The group's share of this loader: each partition from the committed offset, until the
-        high watermark of now; those without work stay assigned, paused."""
+        high watermark of now (a cycle: those without work stay assigned, paused), or on."""
         topic = self.options.topic
         parts = [tp.partition for tp in assignment]
         committed = {tp.partition: tp.offset for tp in committed_offsets(consumer, topic, parts)}
@@ -246,6 +329,8 @@ class _Cycle:
                     low,
                 )
             positions.append(TopicPartition(topic, p, start))
+            if self.continuous:
+                continue
             if start < high:
                 self.pending[p], self.nexts[p] = high, start
             else:
@@ -285,7 +370,8 @@ class _Cycle:
         self.assigned = False
 
     def _consume(self, deadline: float) -> None:
-        """Poll until every assigned partition reached its watermark or the deadline passed.
+        """Poll until every assigned partition reached its watermark (a cycle), the deadline
+        passed or `should_stop` (both modes).
 
         Asking `consume` for no more than is left makes it return as soon as that has arrived,
         instead of waiting out its timeout for a full batch. What is left can be overcounted
@@ -303,7 +389,7 @@ class _Cycle:
         batch_started = 0.0
         unassigned_since = time.monotonic()
         while (
-            (pending or not self.assigned)
+            (self.continuous or pending or not self.assigned)
             and time.monotonic() < deadline
             and not self.options.should_stop()
         ):
@@ -315,13 +401,23 @@ class _Cycle:
                     f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
                     "batches are committed, the next run resumes from there"
                 )
-            left = sum(pending[p] - nexts[p] for p in pending)
-            wanted = max(1, min(self.options.batch_size - len(self.buffer), left))
-            for msg in self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT):
+            room = self.options.batch_size - len(self.buffer)
+            left = room if self.continuous else sum(pending[p] - nexts[p] for p in pending)
+            wanted = max(1, min(room, left))
+            messages = self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT)
+            for msg in messages:
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
                 p, offset = _position(msg)
+                if self.continuous:
+                    if err is None:
+                        batch_started = batch_started if self.buffer else time.monotonic()
+                        self.buffer.append(msg)
+                        self.buffer_ends[p] = offset + 1
+                    else:  # at the partition's end: committable once all before it is stored
+                        self.reached[p] = offset
+                    continue
                 if p not in pending:
                     continue  # past its start watermark: left for the next cycle
                 if err is None and offset < pending[p]:
@@ -336,12 +432,25 @@ class _Cycle:
                     self.consumer.pause([TopicPartition(self.options.topic, p)])
             full = len(self.buffer) >= self.options.batch_size
             due = time.monotonic() - batch_started >= self.options.batch_seconds
-            if self.buffer and (full or due or not pending):
+            if self.buffer and (full or due or not (pending or self.continuous)):
                 self._flush()
+            elif not (messages or self.buffer) and self.continuous:
+                self._caught_up()
         if self.buffer:
             self._flush()
         self._settle_in_flight()
         self._skip_undelivered(self.reached)
+
+    def _caught_up(self) -> None:
+        """Nothing arrived, nothing is waiting: confirm the batch in flight (it would otherwise
+        wait for the next one) and commit up to where the partitions were read (past the
+        transaction markers, see _skip_undelivered)."""
+        if self.in_flight is not None:
+            self._settle_in_flight()
+        self._skip_undelivered(self.reached)
+        self.reached.clear()
+        self._commit_applied(asynchronous=True)
+        self.counters.record_if_due()
 
     def _flush(self) -> None:
         batch = _decode(self.buffer, self.buffer_ends)
@@ -365,7 +474,9 @@ class _Cycle:
         applied events, which the guard skips), synchronously at the end, covering them all."""
         offsets = [TopicPartition(self.options.topic, p, o) for p, o in self.applied.items()]
         if asynchronous:
-            self.consumer.commit(offsets=offsets, asynchronous=True)
+            if offsets and self.applied != self.sent_commit:  # an idle poll has nothing new
+                self.consumer.commit(offsets=offsets, asynchronous=True)
+                self.sent_commit = dict(self.applied)
         elif offsets:
             commit_offsets(self.consumer, offsets)
 
@@ -406,7 +517,19 @@ class _Cycle:
             insert_events(self.ch, batch.fresh)
 
     def _remember(self, batch: _Batch) -> None:
+        """The batch is stored: its versions are known, and its events visible from now."""
         self.known_versions.update((e.id.int, e.version) for e in batch.fresh)
+        visible_ms = time.time() * 1000
+        for event in batch.fresh:
+            lag = round(max(0.0, visible_ms - batch.produced_ms[event.id.int]) / 1000, 6)
+            self.freshness_max = max(lag, self.freshness_max or 0.0)
+            self.freshness_seen += 1
+            if len(self.freshness) < FRESHNESS_SAMPLES:
+                self.freshness.append(lag)
+            else:  # a uniform sample of all of them (reservoir)
+                slot = random.randrange(self.freshness_seen)
+                if slot < FRESHNESS_SAMPLES:
+                    self.freshness[slot] = lag
 
     def _finish(self, batch: _Batch) -> None:
         """The batch is stored: its unreadable messages go to the DLQ, then its offsets become
@@ -419,6 +542,8 @@ class _Cycle:
         self.summary.inserted += len(batch.fresh)
         self.summary.skipped_stale += batch.decoded - len(batch.fresh)
         self.summary.dead_lettered += len(batch.bad)
+        self.counters.add(len(batch.fresh), batch.decoded - len(batch.fresh))
+        self.counters.record_if_due()
         if tracing_enabled():  # from its decoding to its offsets, linked to its recalcs
             span = tracer().start_span(
                 "devstats.load_batch",

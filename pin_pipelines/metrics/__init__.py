@@ -2,11 +2,12 @@
 
 Drains, relays and loaders are short-lived processes, so nothing here counts in memory: gauges
 are computed from PostgreSQL and Kafka state at scrape time, and counters are rows that the work
-updates in its own transaction (`recording`). Any number of exporters serve the same numbers,
-and a restart of any process loses nothing.
+updates in its own transaction (written by the domain that counts: `recalc.counters`,
+`devstats.counters`; this package only reads them). Any number of exporters serve the same
+numbers, and a restart of any process loses nothing.
 
-The exporter is imported lazily: the drain imports `recording` on its hot path and has no use for
-the Kafka and ClickHouse clients the exporter loads.
+The exporter is imported lazily, so importing this package loads none of the Kafka and
+ClickHouse clients it serves from.
 """
 
 from __future__ import annotations

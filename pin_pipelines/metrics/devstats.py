@@ -4,7 +4,7 @@ lag and freshness that `devstats.freshness` computes for the asset check too.
 
 Freshness is the age of the oldest event not loaded yet: that age is where the 5-minute SLA is
 broken, while the newest stored row would look old in a quiet week for no fault of the loader.
-Inserted and skipped-stale counts are not in Kafka; the loader records them (`recording`).
+Inserted and skipped-stale counts are not in Kafka; the loader records them (`devstats.counters`).
 """
 
 from __future__ import annotations

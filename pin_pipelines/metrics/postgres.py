@@ -1,5 +1,6 @@
-"""Metrics read from PostgreSQL at scrape time: the recalc queue (gauges), the counters persisted
-by `recording`, worker liveness and the outbox relay's backlog and counters.
+"""Metrics read from PostgreSQL at scrape time: the recalc queue (gauges), the counters the work
+persists (`recalc.counters`, `devstats.counters`), worker liveness and the outbox relay's backlog
+and counters.
 
 `read_state` does the I/O; `families` turns a state into metric families and, given None, the
 same families without samples, which is what the exporter's `describe()` serves. One function
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from prometheus_client.core import (
@@ -21,13 +23,42 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from pin_pipelines.db import queries
+from pin_pipelines.db import fetch_all, fetch_column, fetch_one, queries
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
-from pin_pipelines.metrics.recording import ENTITIES, RESULT_LABELS
+from pin_pipelines.recalc.counters import ENTITIES, RESULT_LABELS
 from pin_pipelines.relay.metrics import relay_lag, topic_counters
+
+Q: Any = queries("metrics")
 
 #: Outbox topics served with 0 before their first event, so rate() has a baseline.
 OUTBOX_TOPICS = (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP)
+
+
+@dataclass(frozen=True)
+class _QueueGauges:
+    """The queue at scrape time (queue_gauges)."""
+
+    depth: int
+    due_backlog: int
+    poisoned: int
+    oldest_due_age_seconds: float
+
+
+@dataclass(frozen=True)
+class _WorkerTicks:
+    """Drain ticks of every session and the newest one's unix time, None before the first."""
+
+    ticks: int
+    last_tick_at: float | None
+
+
+@dataclass(frozen=True)
+class _CounterTotal:
+    """One persisted counter, shards summed (counter_totals)."""
+
+    metric: str
+    label: str
+    value: float
 
 
 @dataclass(frozen=True)
@@ -49,19 +80,21 @@ class PostgresState:
 
 def read_state(conn: psycopg.Connection) -> PostgresState:
     """Everything in one short read-only pass (autocommit: no snapshot is held open)."""
-    q = queries("metrics")
-    depth, due_backlog, poisoned, oldest_due = q.queue_gauges(conn)
-    ticks, last_tick_at = q.worker_ticks(conn)
+    queue = fetch_one(Q.queue_gauges, conn, _QueueGauges)
+    ticks = fetch_one(Q.worker_ticks, conn, _WorkerTicks)
+    assert queue is not None and ticks is not None  # aggregates without GROUP BY: one row each
     lag = relay_lag(conn)
     return PostgresState(
-        depth=depth,
-        due_backlog=due_backlog,
-        poisoned=poisoned,
-        oldest_due_age_seconds=oldest_due,
-        counters={(metric, label): value for metric, label, value in q.counter_totals(conn)},
-        bucket_bounds=tuple(le for (le,) in q.duration_buckets(conn)),
-        ticks=ticks,
-        last_tick_at=last_tick_at or 0.0,
+        depth=queue.depth,
+        due_backlog=queue.due_backlog,
+        poisoned=queue.poisoned,
+        oldest_due_age_seconds=queue.oldest_due_age_seconds,
+        counters={
+            (c.metric, c.label): c.value for c in fetch_all(Q.counter_totals, conn, _CounterTotal)
+        },
+        bucket_bounds=tuple(fetch_column(Q.duration_buckets, conn)),
+        ticks=ticks.ticks,
+        last_tick_at=ticks.last_tick_at or 0.0,
         outbox_pending=int(lag["pending"]),
         outbox_lag_seconds=float(lag["lag_seconds"]),
         outbox_topics={

@@ -20,14 +20,16 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
-from pin_pipelines.db import connection, queries
+from pin_pipelines.db import connection, fetch_one, queries
 from pin_pipelines.errors import first_line
 from pin_pipelines.logs import log_event
-from pin_pipelines.metrics.recording import record_outcome, record_tick
 from pin_pipelines.quantiles import quantile
+from pin_pipelines.recalc.counters import ENTITIES, record_outcome, record_tick
 from pin_pipelines.tracing import current_traceparent, tracer
 
 log = logging.getLogger("pin_pipelines.recalc")
+
+Q: Any = queries("recalc")
 
 Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "interrupted"]
 
@@ -45,6 +47,8 @@ LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT = 0.5
 #: before its statement is cancelled: it then rolls back whole and its attempt is given back, so a
 #: deploy never waits out a stuck project nor counts it towards poison.
 STOP_GRACE_SECONDS = 5.0
+#: Projects per tick without a `chessboard.recalc_settings` row.
+DEFAULT_BATCH_SIZE = 50
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class TickSummary:
         return self.count("recalculated")
 
     def as_dict(self) -> dict[str, Any]:
-        republished: dict[str, int] = {"project": 0, "layout": 0, "layout_group": 0}
+        republished = dict.fromkeys(ENTITIES, 0)
         for r in self.results:
             for entity, n in r.republished.items():
                 republished[entity] += n
@@ -116,7 +120,6 @@ def drain_tick(
     project in hand commits or rolls back whole, the rest stays queued); a project still running
     `stop_grace_seconds` after the stop is cancelled. `correlation_id` tags every log line of the
     tick (a Dagster run passes its run id and tick number)."""
-    q = queries("recalc")
     started = time.perf_counter()
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with (
@@ -127,9 +130,9 @@ def drain_tick(
     ):
         conn.autocommit = True  # each project opens its own transaction below
         if batch_size is None:
-            row = conn.execute("SELECT batch_size FROM chessboard.recalc_settings").fetchone()
-            batch_size = int(row[0]) if row else 50
-        summary.due_at_start = int(q.count_due_requests(conn))
+            configured = Q.batch_size(conn)
+            batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
+        summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
         # every second, and those lines were most of its compute log (issue 15).
         quiet = logging.DEBUG if summary.due_at_start == 0 else logging.INFO
@@ -156,7 +159,7 @@ def drain_tick(
                 if result.outcome == "interrupted":
                     summary.stopped_early = True
                     break
-        summary.poisoned = int(q.count_poisoned(conn))
+        summary.poisoned = int(Q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
     totals = summary.as_dict()
     log_event(
@@ -211,6 +214,41 @@ class _Claim:
             "previous_last_error": self.previous_last_error,
         }
 
+    def log_fields(self, correlation_id: str) -> dict[str, Any]:
+        """The fields every per-project log line starts with, in this order."""
+        return {
+            "correlation_id": correlation_id,
+            "project_id": str(self.project_id),
+            "tenant_id": str(self.tenant_id),
+            "last_reason": self.last_reason,
+        }
+
+
+@dataclass(frozen=True)
+class _LockedProject:
+    """The project row lock_project took (with the counts of the rows it locked)."""
+
+    status: str
+    deleted_at: datetime | None
+    buildings: int
+    layouts: int
+    layout_groups: int
+
+    @property
+    def carries_aggregates(self) -> bool:
+        """An archived or deleted project carries none."""
+        return self.status != "Archived" and self.deleted_at is None
+
+
+#: The log line of each outcome of a claimed project: its event and level.
+_OUTCOME_EVENTS: dict[Outcome, tuple[str, int]] = {
+    "recalculated": ("project_recalculated", logging.INFO),
+    "skipped_archived": ("project_skipped_archived", logging.INFO),
+    "failed": ("project_recalc_failed", logging.WARNING),
+    "deferred": ("project_recalc_deferred", logging.INFO),
+    "interrupted": ("project_recalc_interrupted", logging.INFO),
+}
+
 
 @contextmanager
 def _cancelled_after_stop(
@@ -248,35 +286,21 @@ def _process_next(
     should_stop: Callable[[], bool],
     attempt_running: threading.Event,
 ) -> ProjectResult | None:
-    q = queries("recalc")
     # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
     # The claim commits on its own, before the work: a drain that dies inside the project (OOM
     # kill, a terminated connection) has still counted the attempt. Its durability is relaxed:
     # only a server crash within a fraction of a second could forget it (and the work
     # transaction's commit flushes it anyway).
     with conn.transaction():
-        q.relax_commit_durability(conn)
-        row = q.claim_due_request(conn, attempted=attempted)
-    if row is None:
+        Q.relax_commit_durability(conn)
+        claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
+    if claim is None:
         return None
-    claim = _Claim(*row)
-    context: dict[str, Any] = {
-        "correlation_id": correlation_id,
-        "project_id": str(claim.project_id),
-        "tenant_id": str(claim.tenant_id),
-        "last_reason": claim.last_reason,
-    }
+    fields = claim.log_fields(correlation_id)
     started = time.perf_counter()
     attempt_running.set()
     span = tracer().start_as_current_span(
-        "recalc.project",
-        attributes={
-            "project_id": context["project_id"],
-            "tenant_id": context["tenant_id"],
-            "last_reason": claim.last_reason,
-            "correlation_id": correlation_id,
-            "attempt_count": claim.attempt_count,
-        },
+        "recalc.project", attributes={**fields, "attempt_count": claim.attempt_count}
     )
     try:
         with span:
@@ -293,47 +317,41 @@ def _process_next(
         raise
     finally:
         attempt_running.clear()
-    if result.outcome == "skipped_archived":
-        log_event(log, "project_skipped_archived", **context)
-    elif result.outcome == "recalculated":
-        # The spec's fields (ProjectId, duration, republished counts) with the tick's context and
-        # the wait: a line per project is most of a drain run's compute log, so nothing more.
-        log_event(
-            log,
-            "project_recalculated",
-            **context,
-            duration_seconds=round(result.duration_seconds, 4),
-            republished=result.republished,
-            waited_seconds=round(claim.waited_seconds, 1),
-        )
-    elif result.outcome == "failed":
-        log_event(
-            log,
-            "project_recalc_failed",
-            level=logging.WARNING,
-            **context,
-            attempt_count=claim.attempt_count,
-            error=result.error,
-        )
-    elif result.outcome == "deferred":
-        log_event(log, "project_recalc_deferred", **context, reason="row lock held elsewhere")
-    else:
-        log_event(log, "project_recalc_interrupted", **context, reason="the drain is stopping")
+    event, level = _OUTCOME_EVENTS[result.outcome]
+    log_event(log, event, level=level, **fields, **_outcome_fields(claim, result))
     return result
+
+
+def _outcome_fields(claim: _Claim, result: ProjectResult) -> dict[str, Any]:
+    """What an outcome's log line adds to the claim's fields. A recalculated project: the spec's
+    fields (duration, republished counts) and the wait; a line per project is most of a drain
+    run's compute log, so nothing more."""
+    if result.outcome == "recalculated":
+        return {
+            "duration_seconds": round(result.duration_seconds, 4),
+            "republished": result.republished,
+            "waited_seconds": round(claim.waited_seconds, 1),
+        }
+    if result.outcome == "failed":
+        return {"attempt_count": claim.attempt_count, "error": result.error}
+    if result.outcome == "deferred":
+        return {"reason": "row lock held elsewhere"}
+    if result.outcome == "interrupted":
+        return {"reason": "the drain is stopping"}
+    return {}
 
 
 def _attempt(
     conn: psycopg.Connection, claim: _Claim, started: float, should_stop: Callable[[], bool]
 ) -> ProjectResult:
     """The work transaction of one claimed project; its outcome is counted in it."""
-    q = queries("recalc")
     with conn.transaction():
-        q.limit_waits(
+        Q.limit_waits(
             conn,
             statement_timeout=STATEMENT_TIMEOUT,
             lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
         )
-        if not q.lock_claimed_request(
+        if not Q.lock_claimed_request(
             conn, project_id=claim.project_id, attempted_at=claim.attempted_at
         ):
             # Not this claim's any more: deleted by hand, or claimed anew by another drain.
@@ -344,14 +362,14 @@ def _attempt(
             with conn.transaction():
                 result = _recalc_project(conn, claim, started)
         except pg_errors.LockNotAvailable:
-            q.release_claim(conn, **claim.release_params())  # contention is not a poison
+            Q.release_claim(conn, **claim.release_params())  # contention is not a poison
             result = ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
         except Exception as exc:
             stopping = isinstance(exc, pg_errors.QueryCanceled) and should_stop()
             if stopping or conn.closed or conn.broken:
                 raise
             error = f"{type(exc).__name__}: {exc}".strip()
-            q.record_failure(conn, project_id=claim.project_id, error=error)
+            Q.record_failure(conn, project_id=claim.project_id, error=error)
             result = ProjectResult(
                 claim.project_id, "failed", time.perf_counter() - started, error=error[:1024]
             )
@@ -367,7 +385,7 @@ def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
     try:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.rollback()
-        queries("recalc").release_claim(conn, **claim.release_params())
+        Q.release_claim(conn, **claim.release_params())
     except psycopg.Error as exc:
         log_event(
             log,
@@ -380,25 +398,24 @@ def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
 
 def _recalc_project(conn: psycopg.Connection, claim: _Claim, started: float) -> ProjectResult:
     project_id, requested_count = claim.project_id, claim.requested_count
-    q = queries("recalc")
-    project = q.lock_project(conn, project_id=project_id)
-    if project is None or project[0] == "Archived" or project[1] is not None:
+    project = fetch_one(Q.lock_project, conn, _LockedProject, project_id=project_id)
+    if project is None or not project.carries_aggregates:
         # An archived or deleted project carries no aggregates: close the window, touch nothing.
-        q.delete_request(conn, project_id=project_id)
+        Q.delete_request(conn, project_id=project_id)
         return ProjectResult(
             project_id,
             "skipped_archived",
             time.perf_counter() - started,
             requested_count=requested_count,
         )
-    buildings = q.recalc_buildings(conn, project_id=project_id)
+    buildings = Q.recalc_buildings(conn, project_id=project_id)
     trace = {"project_id": project_id, "traceparent": current_traceparent()}
     republished = {
-        "layout": q.recalc_layouts(conn, **trace),
-        "layout_group": q.recalc_layout_groups(conn, **trace),
-        "project": q.recalc_project(conn, **trace),
+        "layout": Q.recalc_layouts(conn, **trace),
+        "layout_group": Q.recalc_layout_groups(conn, **trace),
+        "project": Q.recalc_project(conn, **trace),
     }
-    q.delete_request(conn, project_id=project_id)
+    Q.delete_request(conn, project_id=project_id)
     return ProjectResult(
         project_id,
         "recalculated",
@@ -432,7 +449,7 @@ class DrainRunSummary:
 def seconds_until_next_due(dsn: str) -> float | None:
     """<= 0: a row is due now; None: nothing (non-poisoned) is queued."""
     with connection(dsn) as conn:
-        value = queries("recalc").next_due_in_seconds(conn)
+        value = Q.next_due_in_seconds(conn)
     return None if value is None else float(value)
 
 

@@ -7,12 +7,15 @@ Row-level raisers need none of this: triggers on property_objects, layouts and b
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from pin_pipelines.db import connection, queries
 from pin_pipelines.errors import PinError
+
+Q: Any = queries("recalc")
 
 
 class RecalcReason(StrEnum):
@@ -32,22 +35,25 @@ def request_recalc(
     conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason
 ) -> None:
     """Debounced request in the caller's transaction (the spec's raiser contract)."""
-    conn.execute(
-        "SELECT chessboard.request_project_recalc(%s, %s, %s)", (project_id, tenant_id, str(reason))
-    )
+    Q.request_project_recalc(conn, project_id=project_id, tenant_id=tenant_id, reason=str(reason))
+
+
+def force_request(conn: psycopg.Connection, project_id: UUID, reason: RecalcReason) -> None:
+    """The queue row of an existing project becomes due now, in the caller's transaction (a
+    project that does not exist gets none)."""
+    Q.force_request(conn, project_id=project_id, reason=str(reason))
 
 
 def force_recalc(dsn: str, project_id: UUID, reason: RecalcReason = RecalcReason.MANUAL) -> None:
     """Runbook "ручной форс-пересчёт": upsert the queue row with due_at = now()."""
     with connection(dsn) as conn, conn.transaction():
-        cursor = conn.execute("SELECT 1 FROM chessboard.projects WHERE id = %s", (project_id,))
-        if cursor.fetchone() is None:
+        if Q.project_exists(conn, project_id=project_id) is None:
             raise PinError(f"project {project_id} does not exist")
-        queries("recalc").force_request(conn, project_id=project_id, reason=str(reason))
+        force_request(conn, project_id, reason)
 
 
 def requeue_poisoned(dsn: str, project_id: UUID) -> None:
     """Runbook for a poison row: attempt_count = 0, last_error = null, due_at = now()."""
     with connection(dsn) as conn, conn.transaction():
-        if not queries("recalc").requeue_request(conn, project_id=project_id):
+        if not Q.requeue_request(conn, project_id=project_id):
             raise PinError(f"project {project_id} has no row in the recalc queue")

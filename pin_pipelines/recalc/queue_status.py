@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from pin_pipelines.db import connection, queries
+from pin_pipelines.db import connection, fetch_all, queries
+
+Q: Any = queries("recalc")
 
 
 @dataclass(frozen=True)
@@ -22,4 +25,4 @@ class PoisonedRequest:
 
 def poisoned_requests(dsn: str) -> list[PoisonedRequest]:
     with connection(dsn) as conn:
-        return [PoisonedRequest(*row) for row in queries("recalc").poisoned_requests(conn)]
+        return fetch_all(Q.poisoned_requests, conn, PoisonedRequest)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from pin_pipelines.db import connection, queries
+from typing import Any
+
+from pin_pipelines.db import connection, fetch_column, queries
 from pin_pipelines.errors import PinError
+
+Q: Any = queries("sample")
 
 
 def load_sample(dsn: str, *, projects: int = 20) -> dict[str, object]:
     if not 1 <= projects <= 10_000:
         raise PinError("--projects must be between 1 and 10000")
     with connection(dsn) as conn, conn.transaction():
-        ids = [row[0] for row in queries("sample").insert_sample_projects(conn, projects=projects)]
+        ids = fetch_column(Q.insert_sample_projects, conn, projects=projects)
     return {"projects_inserted": len(ids), "queued_by_triggers": len(ids)}

@@ -6,19 +6,37 @@ property_objects/layouts by SQL written apart from the drain's (sql/postgres/que
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
-from pin_pipelines.db import connection, queries
-from pin_pipelines.recalc.enqueue import RecalcReason
+from pin_pipelines.db import connection, fetch_all, fetch_one, queries
+from pin_pipelines.recalc.enqueue import RecalcReason, force_request
 from pin_pipelines.reconcile.model import DriftRow
 
 ENTITIES = ("project", "building", "layout", "layout_group")
 
 Q: Any = queries("reconcile")
+
+
+@dataclass(frozen=True)
+class _CheckedCounts:
+    """Rows per entity that the aggregate check covers (aggregate_checked_counts)."""
+
+    project: int
+    building: int
+    layout: int
+    layout_group: int
+
+
+@dataclass(frozen=True)
+class _QueueState:
+    """A drifted project's queue row (queue_state)."""
+
+    project_id: UUID
+    poisoned: bool
 
 
 @dataclass
@@ -71,14 +89,18 @@ def aggregates_drift(dsn: str) -> AggregateDrift:
         conn.read_only = True
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
-            checked = dict(zip(ENTITIES, Q.aggregate_checked_counts(conn), strict=True))
-            rows = [DriftRow(*cells) for cells in Q.aggregate_drift_cells(conn)]
-            drift = AggregateDrift(checked={k: int(v) for k, v in checked.items()}, rows=rows)
+            counts = fetch_one(Q.aggregate_checked_counts, conn, _CheckedCounts)
+            assert counts is not None  # an aggregate without GROUP BY: always one row
+            rows = fetch_all(Q.aggregate_drift_cells, conn, DriftRow)
+            checked = {entity: int(count) for entity, count in asdict(counts).items()}
+            drift = AggregateDrift(checked=checked, rows=rows)
             if rows:
-                for project_id, poisoned in Q.queue_state(conn, project_ids=drift.project_ids):
-                    drift.queued.add(project_id)
-                    if poisoned:
-                        drift.poisoned.add(project_id)
+                for queued in fetch_all(
+                    Q.queue_state, conn, _QueueState, project_ids=drift.project_ids
+                ):
+                    drift.queued.add(queued.project_id)
+                    if queued.poisoned:
+                        drift.poisoned.add(queued.project_id)
     return drift
 
 
@@ -86,8 +108,7 @@ def enqueue_projects(dsn: str, project_ids: list[UUID]) -> int:
     """Repair: each project's queue row becomes due now (the runbook's force-recalc, reason
     Reconcile) through the same named upsert as `pin recalc request`. One autocommit statement per
     project: no long transaction holds queue rows that writers' raisers need."""
-    force = queries("recalc").force_request
     with connection(dsn, autocommit=True) as conn:
         for project_id in project_ids:
-            force(conn, project_id=project_id, reason=str(RecalcReason.RECONCILE))
+            force_request(conn, project_id, RecalcReason.RECONCILE)
     return len(project_ids)

@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID
 
 from pin_pipelines.clickhouse import ClickHouse
-from pin_pipelines.db import connection, queries
+from pin_pipelines.db import connection, fetch_all, fetch_column, queries
 from pin_pipelines.devstats.dim import QUERIES as DIM_QUERIES
 from pin_pipelines.reconcile.model import DriftRow
 
@@ -33,6 +33,30 @@ KINDS = ("missing", "unexpected", "stale_version", "ahead_version", "different")
 Snapshot = tuple[UUID, UUID, str, int, bool, int]
 
 Q: Any = queries("reconcile")
+
+
+@dataclass(frozen=True)
+class _LayoutGroupSource:
+    """A chessboard.layout_groups row as the dimension should hold it (layout_group_sources)."""
+
+    id: UUID
+    project_id: UUID
+    tenant_id: UUID
+    name: str
+    sort_order: int
+    is_archived: bool
+    version: int
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return (
+            self.project_id,
+            self.tenant_id,
+            self.name,
+            int(self.sort_order),
+            bool(self.is_archived),
+            int(self.version),
+        )
 
 
 @dataclass
@@ -107,19 +131,20 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
     `ahead_version` for one run at worst, never as a missing row."""
     with connection(pg_dsn) as conn:
         source = {
-            row[0]: (row[1], row[2], row[3], int(row[4]), bool(row[5]), int(row[6]))
-            for row in Q.layout_group_sources(conn)
+            g.id: g.snapshot for g in fetch_all(Q.layout_group_sources, conn, _LayoutGroupSource)
         }
     dim = {
-        UUID(str(row[0])): (
-            UUID(str(row[1])),
-            UUID(str(row[2])),
-            str(row[3]),
-            int(row[4]),
-            bool(row[5]),
-            int(row[6]),
+        UUID(str(group_id)): (
+            UUID(str(project_id)),
+            UUID(str(developer_id)),
+            str(name),
+            int(sort_order),
+            bool(is_archived),
+            int(version),
         )
-        for row in ch.rows(DIM_QUERIES["current_rows"])
+        for group_id, project_id, developer_id, name, sort_order, is_archived, version in ch.rows(
+            DIM_QUERIES["current_rows"]
+        )
     }
     return compare(source, dim)
 
@@ -157,12 +182,14 @@ def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> Versio
     overdue: set[UUID] = set()
     if stale or missing:
         with connection(pg_dsn) as conn:
-            overdue = {
-                row[0]
-                for row in Q.layout_groups_changed_before(
-                    conn, group_ids=stale + missing, seconds=grace_seconds
+            overdue = set(
+                fetch_column(
+                    Q.layout_groups_changed_before,
+                    conn,
+                    group_ids=stale + missing,
+                    seconds=grace_seconds,
                 )
-            }
+            )
     return VersionsBehind(drift.checked, stale, missing, overdue)
 
 

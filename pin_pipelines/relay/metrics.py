@@ -7,30 +7,56 @@ PostgreSQL holds the published/dead-lettered counters and the backlog; Kafka hol
 from __future__ import annotations
 
 import concurrent.futures
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
+from pin_pipelines.db import fetch_all, fetch_one, queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import admin
-from pin_pipelines.relay.outbox import Q
+
+Q: Any = queries("outbox")
+
+
+@dataclass(frozen=True)
+class _TopicStats:
+    """One topic's relay counters (topic_stats)."""
+
+    topic: str
+    published: int
+    dead_lettered: int
+    last_published_at: float | None
+
+
+@dataclass(frozen=True)
+class _Backlog:
+    """Events waiting in the outbox and the age of the oldest one (backlog)."""
+
+    pending: int
+    lag_seconds: float
 
 
 def topic_counters(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
     """Per topic: events `published` and `dead_lettered` since the outbox existed, and
     `last_published_at` (epoch seconds or None)."""
     return {
-        topic: {"published": published, "dead_lettered": dead, "last_published_at": last}
-        for topic, published, dead, last in Q.topic_stats(conn)
+        s.topic: {
+            "published": s.published,
+            "dead_lettered": s.dead_lettered,
+            "last_published_at": s.last_published_at,
+        }
+        for s in fetch_all(Q.topic_stats, conn, _TopicStats)
     }
 
 
 def relay_lag(conn: psycopg.Connection) -> dict[str, float | int]:
     """`pending` events and `lag_seconds`: age of the oldest one (0 when the outbox is empty)."""
-    pending, lag_seconds = Q.backlog(conn)
-    return {"pending": pending, "lag_seconds": lag_seconds}
+    backlog = fetch_one(Q.backlog, conn, _Backlog)
+    assert backlog is not None  # an aggregate without GROUP BY: always one row
+    return {"pending": backlog.pending, "lag_seconds": backlog.lag_seconds}
 
 
 def topic_end_offsets(

@@ -15,10 +15,6 @@ from pin_pipelines.stack.postgres import LocalPostgres
 
 Result = dict[str, Any]
 
-#: The server `--clickhouse-server` manages while PIN_CLICKHOUSE_URL stays on the embedded
-#: engine (CI does this: the native-protocol tests need a server beside chdb).
-DEFAULT_SERVER_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
-
 
 def _url_names_local_cluster(settings: Settings) -> bool:
     """PIN_CLICKHOUSE_CLUSTER with a loopback server URL: the URL is a server of the local
@@ -33,8 +29,7 @@ def clickhouse_server(settings: Settings) -> LocalClickHouseServer:
     server = LocalClickHouseServer.from_settings(settings)
     if server is not None and not _url_names_local_cluster(settings):
         return server
-    url = os.environ.get("PIN_CLICKHOUSE_SERVER_URL") or DEFAULT_SERVER_URL
-    address = parse_clickhouse_url(url)
+    address = parse_clickhouse_url(settings.clickhouse_server_url)
     assert not isinstance(address, os.PathLike), "PIN_CLICKHOUSE_SERVER_URL must be clickhouse://"
     return LocalClickHouseServer(address, settings.state_dir)
 

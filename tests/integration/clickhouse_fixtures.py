@@ -1,6 +1,6 @@
 """ClickHouse fixtures (every path) and per-test Kafka topics for the dev-stats loader.
 
-Registered from `tests/conftest.py` with `pytest_plugins`. A missing service FAILS the test:
+Registered by tests/integration/conftest.py, which imports them. A missing service FAILS the test:
 - the embedded engine: one chdb folder per test session, held open for the whole session (chdb
   serves one folder per process, so every in-process chdb user must take `chdb_url`);
 - the server: `PIN_TEST_CLICKHOUSE_SERVER_URL` (default the `pin stack up` server on port 9000);

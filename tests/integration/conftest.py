@@ -1,8 +1,16 @@
-"""Fixtures of the integration tests that run the whole pipeline: drain → relay → loader into the
-session's embedded dimension."""
+"""The fixtures that need services, for the integration tests (and the browser test, which
+imports the database ones): the real local services, a dedicated test database with clean tables
+per test, the ClickHouse paths (clickhouse_fixtures.py) and the whole pipeline, drain → relay →
+loader into the session's embedded dimension.
+
+The services come from `pin stack up` (CI runs it first). A missing service FAILS the tests that
+need it: nothing here skips. Nothing outside tests/integration/ and tests/e2e/ sees these, so
+tests/unit runs with no service up.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,11 +23,95 @@ import pytest
 from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.devstats.loader import LoadOptions, load_once
-from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka import (
+    TOPIC_LAYOUT,
+    TOPIC_LAYOUT_GROUP,
+    TOPIC_PROJECT,
+    broker_answers,
+    ensure_topics,
+)
+from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.relay import relay_once
+from tests.integration.clickhouse_fixtures import (  # fixtures, registered by the import
+    chdb_url,
+    clickhouse,
+    clickhouse_cluster,
+    clickhouse_cluster_url,
+    clickhouse_server_url,
+    clickhouse_url,
+    loader_options,
+    loader_settings,
+    private_clickhouse_server,
+)
 from tests.support.recalc import drain_until_empty
 
+__all__ = [
+    "chdb_url",
+    "clickhouse",
+    "clickhouse_cluster",
+    "clickhouse_cluster_url",
+    "clickhouse_server_url",
+    "clickhouse_url",
+    "loader_options",
+    "loader_settings",
+    "private_clickhouse_server",
+]
+
+#: Tests never touch the dev database `pin`: they own `pin_test` on the same server.
+TEST_PG_DSN = os.environ.get("PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin_test")
+os.environ["PIN_PG_DSN"] = TEST_PG_DSN
+os.environ.setdefault("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+
+CHESSBOARD_TABLES = (
+    "property_objects",
+    "layouts",
+    "layout_groups",
+    "buildings",
+    "projects",
+    "project_recalc_requests",
+    "outbox_events",
+)
 DIM = "pin_dev_stats.dim_layout_group"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """A freshly created and migrated test database (dropped first if a previous run left it)."""
+    admin = dsn_with_dbname(TEST_PG_DSN, "postgres")
+    dbname = TEST_PG_DSN.rsplit("/", 1)[1]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    migrate_postgres(TEST_PG_DSN)
+    return TEST_PG_DSN
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to an emptied chessboard schema with default queue settings."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "TRUNCATE " + ", ".join(f"chessboard.{t}" for t in CHESSBOARD_TABLES) + " CASCADE"
+        )
+        conn.execute("DELETE FROM chessboard.recalc_settings")
+        conn.execute("INSERT INTO chessboard.recalc_settings DEFAULT VALUES")
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """The real broker of `pin stack up`; a missing broker fails here, clearly."""
+    bootstrap = os.environ["PIN_KAFKA_BOOTSTRAP"]
+    assert broker_answers(bootstrap, timeout=10), f"Kafka at {bootstrap} does not answer"
+    return bootstrap
+
+
+@pytest.fixture
+def outbox(db: psycopg.Connection, kafka_bootstrap: str) -> psycopg.Connection:
+    """An empty outbox and dead-letter table; the three snapshot topics exist."""
+    db.execute("TRUNCATE chessboard.outbox_events, chessboard.outbox_dead_letters")
+    ensure_topics(kafka_bootstrap, (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP))
+    return db
 
 
 @pytest.fixture

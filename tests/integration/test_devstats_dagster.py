@@ -1,5 +1,6 @@
 """Spec 003 in Dagster, in process against the real Kafka and the session's embedded ClickHouse:
-the `dim_layout_group` asset and its metadata, the freshness check, the sensor and the backfill job.
+the `dim_layout_group` asset (a long-lived continuous load per run) and its metadata, its clean
+stop on a cancel and on `pin serve` stopping, the freshness check, the sensor and the backfill job.
 
 The asset and its check run on the contract's topic and the loader's own consumer group (that is
 the wiring under test). The topic is shared with every other test that publishes layout-group
@@ -13,24 +14,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from dagster._core.events import DagsterEvent, DagsterEventType
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
+from pin_pipelines.defs.common import STOPPING_MARKER
+from pin_pipelines.defs.devstats import assets as devstats_assets
 from pin_pipelines.defs.devstats import jobs as devstats_jobs
 from pin_pipelines.defs.devstats import sensors as devstats_sensors
 from pin_pipelines.defs.devstats.assets import dim_layout_group
 from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
-from pin_pipelines.defs.devstats.sensors import dim_layout_group_sensor
+from pin_pipelines.defs.devstats.sensors import HANDOVER_SECONDS, dim_layout_group_sensor
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.devstats import freshness, loader, offsets
 from pin_pipelines.devstats.dim import groups, labels
@@ -40,6 +48,12 @@ from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from tests.support.devstats import Group, committed, physical_rows, produce_events
 
 METADATA_KEYS = {"consumed", "inserted", "skipped_stale", "dead_lettered", "consumer_lag"}
+FRESHNESS_KEYS = {"freshness_p50_seconds", "freshness_p99_seconds", "freshness_max_seconds"}
+
+
+def load_config(budget: float) -> dict[str, Any]:
+    """A short run: the load is continuous, the run ends at its budget."""
+    return {"ops": {"dim_layout_group": {"config": {"budget_seconds": budget}}}}
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -133,6 +147,17 @@ def private_topic(
     monkeypatch.setattr(
         devstats_jobs, "backfill", functools.partial(loader.backfill, options=loader_options)
     )
+    aimed = functools.partial(
+        dataclasses.replace,
+        topic=loader_options.topic,
+        group=loader_options.group,
+        dlq_topic=loader_options.dlq_topic,
+    )
+    monkeypatch.setattr(
+        devstats_assets,
+        "load_continuously",
+        lambda settings, options: loader.load_continuously(settings, aimed(options)),
+    )
     return loader_options
 
 
@@ -151,12 +176,18 @@ def test_materialization_loads_the_topic_with_its_metadata_and_passes_the_check(
     )
 
     result = dg.materialize(
-        [dim_layout_group, dim_layout_group_fresh], resources=RESOURCES, raise_on_error=False
+        [dim_layout_group, dim_layout_group_fresh],
+        resources=RESOURCES,
+        run_config=load_config(budget=3.0),
+        raise_on_error=False,
     )
     assert result.success
     [materialization] = result.asset_materializations_for_node("dim_layout_group")
     metadata = metadata_of(materialization)
-    assert metadata.keys() >= METADATA_KEYS
+    assert metadata.keys() >= METADATA_KEYS | FRESHNESS_KEYS
+    # Produced before the run: visible within its 3 seconds (and a run's start-up).
+    assert 0 < metadata["freshness_p50_seconds"] <= metadata["freshness_p99_seconds"] < 60
+    assert 2.5 <= metadata["seconds"] < 10
     # Others may publish on the shared topic meanwhile: at least our four were consumed.
     assert metadata["consumed"] >= 4
     assert metadata["inserted"] >= 2
@@ -206,28 +237,142 @@ def test_freshness_check_fails_when_an_event_waited_longer_than_the_sla(
     assert facts["oldest_unloaded_age_seconds"] >= 600
     assert not only_check.asset_materializations_for_node("dim_layout_group")
 
-    loaded = dg.materialize([dim_layout_group, dim_layout_group_fresh], resources=RESOURCES)
+    loaded = dg.materialize(
+        [dim_layout_group, dim_layout_group_fresh],
+        resources=RESOURCES,
+        run_config=load_config(budget=2.0),
+    )
     [check] = loaded.get_asset_check_evaluations()
     assert check.passed
     with open_clickhouse(chdb_url) as ch:
         assert labels(ch, group.developer_id, [group.id]) == {str(group.id): "Студии v1"}
 
 
+# --- a long-lived run stops cleanly -----------------------------------------------------------
+
+
+def run_until_loaded(
+    instance: dg.DagsterInstance,
+    chdb_url: str,
+    group: Group,
+    then: Callable[[str], None],
+) -> tuple[dg.ExecuteInProcessResult, float]:
+    """The load job in process with a 120 s budget; once `group` is visible, `then(run_id)` (from
+    another thread). The result and how long the run took."""
+    run_id = str(uuid.uuid4())
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with open_clickhouse(chdb_url) as ch:
+                if labels(ch, group.developer_id, [group.id])[str(group.id)] != str(group.id):
+                    then(run_id)
+                    return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        result = defs.resolve_job_def(dim_layout_group_job.name).execute_in_process(
+            run_config=load_config(budget=120.0),
+            instance=instance,
+            run_id=run_id,
+            raise_on_error=False,
+        )
+    finally:
+        watcher.join()
+    return result, time.monotonic() - started
+
+
+def test_a_canceled_load_run_commits_the_batch_in_hand_and_keeps_its_summary(
+    private_topic: LoadOptions, chdb_url: str, kafka_bootstrap: str, instance: dg.DagsterInstance
+) -> None:
+    """Tried: a run canceled the way Dagster cancels one (its status CANCELING, then SIGINT to
+    its main thread) once its first events are in the dimension. The run stops within seconds,
+    not at its 120 s budget; it ends CANCELED, with its summary materialized; every offset is
+    committed."""
+    first = Group()
+    produce_events(kafka_bootstrap, private_topic.topic, [first.event(1), Group().event(1)])
+
+    def cancel(run_id: str) -> None:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None
+        instance.report_run_canceling(run)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    result, took = run_until_loaded(instance, chdb_url, first, cancel)
+    assert took < 30
+    assert not result.success
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == dg.DagsterRunStatus.CANCELED
+    [materialization] = result.asset_materializations_for_node("dim_layout_group")
+    assert metadata_of(materialization)["inserted"] == 2
+    ends = end_offsets(kafka_bootstrap, private_topic.topic)
+    assert committed(kafka_bootstrap, private_topic.topic, private_topic.group) == ends
+
+
+def test_a_load_run_ends_when_pin_serve_stops(
+    private_topic: LoadOptions, chdb_url: str, kafka_bootstrap: str, instance: dg.DagsterInstance
+) -> None:
+    """Tried: `pin serve`'s stopping marker written while a run loads. The run ends within
+    seconds, successfully, with its summary; every offset is committed."""
+    group = Group()
+    produce_events(kafka_bootstrap, private_topic.topic, [group.event(1), group.event(2)])
+
+    def stopping(_run_id: str) -> None:
+        (Path(instance.root_directory) / STOPPING_MARKER).touch()
+
+    result, took = run_until_loaded(instance, chdb_url, group, stopping)
+    assert took < 30
+    assert result.success
+    [materialization] = result.asset_materializations_for_node("dim_layout_group")
+    assert metadata_of(materialization)["inserted"] == 1
+    ends = end_offsets(kafka_bootstrap, private_topic.topic)
+    assert committed(kafka_bootstrap, private_topic.topic, private_topic.group) == ends
+
+
 # --- the sensor -----------------------------------------------------------------------------
 
 
 def evaluate(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
-    result = dim_layout_group_sensor(dg.build_sensor_context(instance=instance))
+    result = dim_layout_group_sensor(
+        dg.build_sensor_context(instance=instance, resources=RESOURCES)
+    )
     assert isinstance(result, dg.RunRequest | dg.SkipReason), result
     return result
 
 
-def test_sensor_requests_a_load_on_lag_and_skips_when_up_to_date_or_in_flight(
+def started_run(instance: dg.DagsterInstance, budget: float) -> str:
+    """A load run in flight that started just now, with this budget."""
+    job = defs.resolve_job_def(dim_layout_group_job.name)
+    run = instance.create_run_for_job(
+        job_def=job, run_config=load_config(budget), status=dg.DagsterRunStatus.STARTED
+    )
+    instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name), run_id=run.run_id
+    )
+    return run.run_id
+
+
+def cancel_all(instance: dg.DagsterInstance) -> None:
+    for record in instance.get_run_records():
+        instance.report_run_canceled(record.dagster_run)
+
+
+def test_sensor_keeps_one_load_run_going_and_launches_its_successor_near_its_end(
     private_topic: LoadOptions, kafka_bootstrap: str, instance: dg.DagsterInstance
 ) -> None:
-    empty = evaluate(instance)
-    assert isinstance(empty, dg.SkipReason)
-    assert "up to date" in (empty.skip_message or "")
+    """Tried: no load run, with the topic up to date and then with events waiting (the loader is
+    continuous: it must be running when the first event after a quiet hour comes, so it is
+    launched either way); finished runs; a run that just started with the default 5-minute
+    budget; one whose budget ends within the hand-over margin; and both. The sensor launches in
+    the first cases, skips while a run is in flight, launches the successor (tagged with the run
+    it takes over from) near the end, and skips once both are in flight. On chdb
+    (PIN_DEVSTATS_MAX_LOAD_RUNS is 1 there) a backlog launches no second load."""
+    up_to_date = evaluate(instance)
+    assert isinstance(up_to_date, dg.RunRequest)
+    assert up_to_date.tags["pin/unloaded_events"] == "0"
 
     produce_events(kafka_bootstrap, private_topic.topic, [Group().event(1), Group().event(1)])
     request = evaluate(instance)
@@ -238,18 +383,47 @@ def test_sensor_requests_a_load_on_lag_and_skips_when_up_to_date_or_in_flight(
     for status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE):
         instance.create_run_for_job(job_def=job, status=status)
     assert isinstance(evaluate(instance), dg.RunRequest)  # finished runs are not in flight
-    instance.create_run_for_job(job_def=job, status=dg.DagsterRunStatus.STARTED)
+
+    started_run(instance, budget=300.0)
     busy = evaluate(instance)
     assert isinstance(busy, dg.SkipReason)
-    assert "already queued or running" in (busy.skip_message or "")
+    assert "1 load(s) already queued or running" in (busy.skip_message or "")
 
-    commit_group(
-        kafka_bootstrap,
-        private_topic.topic,
-        private_topic.group,
-        end_offsets(kafka_bootstrap, private_topic.topic),
-    )
+    cancel_all(instance)
+    ending = started_run(instance, budget=HANDOVER_SECONDS)
+    successor = evaluate(instance)
+    assert isinstance(successor, dg.RunRequest)
+    assert successor.tags["pin/takes_over_from"] == ending
+
+    started_run(instance, budget=300.0)
+    both = evaluate(instance)
+    assert isinstance(both, dg.SkipReason)
+
+
+def test_sensor_adds_a_load_for_a_backlog_on_a_server_up_to_the_limit(
+    private_topic: LoadOptions,
+    clickhouse_server_url: str,
+    kafka_bootstrap: str,
+    instance: dg.DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PIN_DEVSTATS_MAX_LOAD_RUNS=2 on a ClickHouse server, the backlog threshold lowered to 3
+    events. Tried: one run in flight with 2 events waiting, then 3; then two runs. The sensor
+    adds a second load only for the backlog, and none past the limit."""
+    monkeypatch.setenv("PIN_CLICKHOUSE_URL", clickhouse_server_url)
+    monkeypatch.setenv("PIN_DEVSTATS_MAX_LOAD_RUNS", "2")
+    monkeypatch.setattr(devstats_sensors, "BACKLOG_EVENTS", 3)
+    started_run(instance, budget=300.0)
+    produce_events(kafka_bootstrap, private_topic.topic, [Group().event(1), Group().event(1)])
     assert isinstance(evaluate(instance), dg.SkipReason)
+    produce_events(kafka_bootstrap, private_topic.topic, [Group().event(1)])
+    extra = evaluate(instance)
+    assert isinstance(extra, dg.RunRequest)
+    assert "pin/takes_over_from" not in extra.tags
+    started_run(instance, budget=300.0)
+    full = evaluate(instance)
+    assert isinstance(full, dg.SkipReason)
+    assert "2 load(s) already queued or running" in (full.skip_message or "")
 
 
 def test_sensor_skips_with_the_reason_when_kafka_is_unreachable(

@@ -71,7 +71,7 @@ def _poison(conn: psycopg.Connection, project: UUID, error: str) -> None:
 
 
 def _evaluate(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
-    result = recalc_queue_sensor(dg.build_sensor_context(instance=instance))
+    result = recalc_queue_sensor(dg.build_sensor_context(instance=instance, resources=RESOURCES))
     assert isinstance(result, dg.RunRequest | dg.SkipReason), result
     return result
 

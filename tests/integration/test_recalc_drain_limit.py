@@ -31,10 +31,12 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 
 from pin_pipelines.config import Settings
 from pin_pipelines.dagster_instance import TEMPLATE
-from pin_pipelines.defs.recalc.jobs import DRAIN_JOB_TAGS, recalc_drain_job
+from pin_pipelines.defs.recalc.jobs import recalc_drain_job
 from pin_pipelines.defs.recalc.sensors import recalc_queue_sensor
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
+from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.errors import PinError
+from pin_pipelines.run_tags import DRAIN_JOB_TAGS
 from pin_pipelines.serve import prepare_dagster_home
 from tests.support.chessboard import make_building, make_project
 
@@ -127,7 +129,9 @@ def test_the_sensor_launches_up_to_the_same_number(
     )
     with dg.DagsterInstance.ephemeral() as instance:
         for in_flight in range(4):
-            result = recalc_queue_sensor(dg.build_sensor_context(instance=instance))
+            result = recalc_queue_sensor(
+                dg.build_sensor_context(instance=instance, resources=RESOURCES)
+            )
             expected = dg.RunRequest if in_flight < 3 else dg.SkipReason
             assert isinstance(result, expected), (in_flight, result)
             instance.create_run_for_job(

@@ -157,7 +157,7 @@ def test_relay_job_that_fails_midway_still_materializes_what_it_published(
 
 
 def evaluate(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
-    result = outbox_relay_sensor(dg.build_sensor_context(instance=instance))
+    result = outbox_relay_sensor(dg.build_sensor_context(instance=instance, resources=RESOURCES))
     assert isinstance(result, dg.RunRequest | dg.SkipReason), result
     return result
 

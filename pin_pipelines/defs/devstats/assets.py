@@ -1,25 +1,38 @@
-"""`dim_layout_group`: one materialization = one bounded consume-and-load cycle."""
+"""`dim_layout_group`: one materialization = one long-lived run of the continuous loader.
 
+A run loads for `budget_seconds` (polls of 0.1 s, batches of ≤ 1000 events or 0.25 s), so an
+event is in the dimension within about a second of reaching Kafka instead of a sensor tick and a
+run launch later (issue 19). The sensor launches the successor shortly before the budget ends:
+it joins the loader's consumer group, and the eager rebalance commits the batch in hand before
+any partition moves (no loss; no reordering, thanks to the version guard). On the embedded
+engine the run owns the chdb folder and answers the readers' statements (and its successor's,
+until the successor takes the folder over: clickhouse/owner.py), so nothing queues behind it.
+
+A stop — the run canceled, `pin serve` stopping — stores and commits the batch in hand; the run
+then records its summary (one materialization per run, never one per batch: the event log stays
+small) and ends canceled or successful.
+"""
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
 
-from pin_pipelines.config import Settings
 from pin_pipelines.defs.common import instance_stopping
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_once
+from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_continuously
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
-
-#: The embedded engine admits one process per data folder; dagster.yaml limits every pool to one
-#: op at a time, so two runs never open it at once.
-CLICKHOUSE_POOL = "clickhouse"
+from pin_pipelines.signals import STOP_SIGNALS, stop_requested
 
 
-def _load_pool() -> str | None:
-    """On chdb the load holds the folder's one process (the pool); on a server, loads run side by
-    side as consumers of one group, PIN_DEVSTATS_MAX_LOAD_RUNS at most (the run queue's limit)."""
-    return CLICKHOUSE_POOL if Settings.from_env().clickhouse_url.startswith("chdb://") else None
+class LoadConfig(dg.Config):
+    #: How long one run loads before its successor takes over (the sensor launches it
+    #: HANDOVER_SECONDS before this ends).
+    budget_seconds: float = 300.0
 
 
 def load_metadata(summary: LoadSummary) -> dict[str, Any]:
@@ -32,7 +45,32 @@ def load_metadata(summary: LoadSummary) -> dict[str, Any]:
         "complete": summary.complete,
         "consumer_lag": dg.MetadataValue.json({str(p): n for p, n in sorted(summary.lag.items())}),
         "seconds": round(summary.seconds, 3),
+        # Produced → visible of the inserted events (0.0 when none: metadata has no null).
+        "freshness_p50_seconds": summary.freshness_p50_seconds or 0.0,
+        "freshness_p99_seconds": summary.freshness_p99_seconds or 0.0,
+        "freshness_max_seconds": summary.freshness_max_seconds or 0.0,
     }
+
+
+@contextmanager
+def cancel_as_stop() -> Iterator[Callable[[], bool]]:
+    """A run cancel as a flag the load polls, instead of an exception at any point of it.
+
+    Dagster cancels a run by interrupting its main thread (SIGINT; SIGTERM is mapped onto it),
+    which raises DagsterExecutionInterruptedError wherever the op happens to be. Meanwhile these
+    signals only set a flag, so the batch in hand is stored and committed first; the previous
+    handlers come back afterwards. Off the main thread (no signal handlers there) the flag never
+    rises and a cancel interrupts as before.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    try:
+        yield stop_requested()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @dg.asset(
@@ -41,12 +79,23 @@ def load_metadata(summary: LoadSummary) -> dict[str, Any]:
     deps=[TOPIC_ASSETS[TOPIC_LAYOUT_GROUP].key],
     group_name="dev_stats",
     kinds={"clickhouse"},
-    pool=_load_pool(),
     description=(
         "pin_dev_stats.dim_layout_group (spec 003): ReplacingMergeTree(UpsertedAt) loaded from "
-        "pin.chessboard.layout-group-upserted.v1 with the version guard; read with argMax."
+        "pin.chessboard.layout-group-upserted.v1 with the version guard; read with argMax. "
+        "Each run loads continuously for its budget, then its successor takes over."
     ),
 )
-def dim_layout_group(context: dg.AssetExecutionContext, pin: PinSettings) -> dg.MaterializeResult:
-    options = LoadOptions(should_stop=lambda: instance_stopping(context.instance))
-    return dg.MaterializeResult(metadata=load_metadata(load_once(pin.get(), options)))
+def dim_layout_group(
+    context: dg.AssetExecutionContext, config: LoadConfig, pin: PinSettings
+) -> Iterator[dg.MaterializeResult]:
+    with cancel_as_stop() as canceled:
+
+        def should_stop() -> bool:
+            return canceled() or instance_stopping(context.instance)
+
+        summary = load_continuously(
+            pin.get(), LoadOptions(max_seconds=config.budget_seconds, should_stop=should_stop)
+        )
+    yield dg.MaterializeResult(metadata=load_metadata(summary))
+    if canceled():  # the run ends canceled, with its summary
+        raise dg.DagsterExecutionInterruptedError()

@@ -4,9 +4,8 @@ visibility), seen from the topic and from the source rows."""
 import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
-from pin_pipelines.defs.common import running_schedule
-from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group
-from pin_pipelines.defs.reconcile.metadata import id_list
+from pin_pipelines.defs.common import CLICKHOUSE_POOL, check_schedule, id_list
+from pin_pipelines.defs.devstats.assets import dim_layout_group
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.freshness import FRESHNESS_SLA_SECONDS, unloaded_events
 from pin_pipelines.reconcile import versions_behind
@@ -29,30 +28,16 @@ def dim_layout_group_fresh(pin: PinSettings) -> dg.AssetCheckResult:
     )
 
 
-def _on_schedule(
-    check: dg.AssetChecksDefinition, name: str, cron: str, description: str
-) -> dg.ScheduleDefinition:
-    """A schedule, running from the start, of a job `<name>_check_job` that evaluates `check`
-    alone (Definitions picks the job up from the schedule)."""
-    return running_schedule(
-        name=f"{name}_schedule",
-        job=dg.define_asset_job(
-            f"{name}_check_job", selection=dg.AssetSelection.checks(check), description=description
-        ),
-        cron=cron,
-        description=description,
-    )
-
-
 #: The check also runs on its own, every 5 minutes (the SLA): as a step of the load run it is
 #: skipped whenever the load fails (ClickHouse down) and never runs when no load is launched,
 #: which are exactly the times the SLA is at risk. Not every minute: a run per minute per check
 #: was a quarter of the instance's storage (bench/bench_dagster_storage.py).
-dim_layout_group_fresh_schedule = _on_schedule(
+dim_layout_group_fresh_schedule = check_schedule(
     dim_layout_group_fresh,
-    "dim_layout_group_fresh",
-    "*/5 * * * *",
-    "Evaluates the freshness SLA every 5 minutes, also while loads fail or stop.",
+    job_name="dim_layout_group_fresh_check_job",
+    name="dim_layout_group_fresh_schedule",
+    cron="*/5 * * * *",
+    description="Evaluates the freshness SLA every 5 minutes, also while loads fail or stop.",
 )
 
 
@@ -92,10 +77,11 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
 
 
 #: It reads every group from PostgreSQL and ClickHouse, so it runs every 10 minutes on its own,
-#: not with each load (every few seconds).
-dim_layout_group_versions_schedule = _on_schedule(
+#: not with each load run.
+dim_layout_group_versions_schedule = check_schedule(
     dim_layout_group_versions_current,
-    "dim_layout_group_versions",
-    "*/10 * * * *",
-    "Compares the dimension's versions with chessboard.layout_groups every 10 minutes.",
+    job_name="dim_layout_group_versions_check_job",
+    name="dim_layout_group_versions_schedule",
+    cron="*/10 * * * *",
+    description="Compares the dimension's versions with chessboard.layout_groups every 10 minutes.",
 )

@@ -2,12 +2,12 @@
 
 import dagster as dg
 
-from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group, load_metadata
+from pin_pipelines.defs.common import CLICKHOUSE_POOL
+from pin_pipelines.defs.devstats.assets import dim_layout_group, load_metadata
 from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.loader import backfill
-
-DEVSTATS_JOB_TAGS = {"pin/job": "devstats_load"}
+from pin_pipelines.run_tags import DEVSTATS_JOB_TAGS
 
 dim_layout_group_job = dg.define_asset_job(
     "dim_layout_group_job",
@@ -15,7 +15,7 @@ dim_layout_group_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(dim_layout_group).without_checks()
     | dg.AssetSelection.checks(dim_layout_group_fresh),
     tags=DEVSTATS_JOB_TAGS,
-    description="One bounded Kafka → ClickHouse load of dim_layout_group.",
+    description="Kafka → ClickHouse dim_layout_group, loading continuously for the run's budget.",
 )
 
 

@@ -1,10 +1,19 @@
-"""Materializes dim_layout_group every few seconds while the topic has unloaded events."""
+"""Keeps the dim_layout_group loader running: a run whenever none is in flight (lag or not: it must
+be there when events come), its successor shortly before its budget ends (the hand-over, see
+assets.py), and on a ClickHouse server extra loads for a backlog."""
 
 import dagster as dg
 
-from pin_pipelines.config import Settings
-from pin_pipelines.defs.common import STOPPING_REASON, instance_stopping, runs_in_flight
+from pin_pipelines.defs.common import (
+    HANDOVER_SECONDS,
+    STOPPING_REASON,
+    ending_soon,
+    in_flight_records,
+    instance_stopping,
+)
+from pin_pipelines.defs.devstats.assets import LoadConfig
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
+from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.freshness import unloaded_events
 from pin_pipelines.errors import PinError
 
@@ -12,33 +21,37 @@ from pin_pipelines.errors import PinError
 BACKLOG_EVENTS = 10_000
 
 
-#: A load at most every 30 s: the freshness SLA is 5 minutes, and a load launched on every
-#: 5-second tick with events flowing was most of the Dagster instance's runs (issue 15:
-#: bench/bench_dagster_storage.py).
-LOAD_INTERVAL_SECONDS = 30
-
-
 @dg.sensor(
     job=dim_layout_group_job,
-    minimum_interval_seconds=LOAD_INTERVAL_SECONDS,
+    minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Launches a dim_layout_group load when the loader's consumer group lags.",
+    description=(
+        "Keeps dim_layout_group loading: one long-lived load run, its successor near its end, "
+        "and more for a backlog on a ClickHouse server (PIN_DEVSTATS_MAX_LOAD_RUNS)."
+    ),
 )
-def dim_layout_group_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+def dim_layout_group_sensor(
+    context: dg.SensorEvaluationContext, pin: PinSettings
+) -> dg.RunRequest | dg.SkipReason:
     if instance_stopping(context.instance):
         return dg.SkipReason(STOPPING_REASON)
+    settings = pin.get()
     try:
-        settings = Settings.from_env()
         lag = unloaded_events(settings)
-    except PinError as exc:
+    except PinError as exc:  # a load would only fail to join its group: launch none
         return dg.SkipReason(f"consumer lag unreadable: {exc}")
-    if not lag.events:
-        return dg.SkipReason("dim_layout_group is up to date with the topic")
-    # Loads are consumers of one group: each more splits the partitions (on a ClickHouse server;
-    # one on chdb). A second one joins only for a backlog, since each join costs a rebalance. The
-    # run queue admits no more than this either (pin_pipelines/dagster_instance.py).
     max_runs = settings.devstats_max_load_runs
-    runs = runs_in_flight(context, dim_layout_group_job.name, limit=max_runs)
-    if runs >= max_runs or (runs and lag.events < BACKLOG_EVENTS):
-        return dg.SkipReason(f"{runs} load(s) already queued or running")
-    return dg.RunRequest(tags={"pin/unloaded_events": str(lag.events)})
+    runs = in_flight_records(context, dim_layout_group_job.name, limit=max_runs + 1)
+    budget = LoadConfig().budget_seconds  # the successor loads beside it until it ends
+    staying = [r for r in runs if not ending_soon(r, "dim_layout_group", budget, HANDOVER_SECONDS)]
+    tags = {"pin/unloaded_events": str(lag.events)}
+    if not staying:
+        if runs:  # every run in flight ends soon: its successor
+            tags["pin/takes_over_from"] = runs[0].dagster_run.run_id
+        return dg.RunRequest(tags=tags)
+    # Loads are consumers of one group: each more splits the partitions (on a ClickHouse server;
+    # one on chdb, config.py). Another one joins only for a backlog, since each join costs a
+    # rebalance. The run queue admits no more than this (+ a successor: dagster_instance.py).
+    if len(staying) < max_runs and lag.events >= BACKLOG_EVENTS:
+        return dg.RunRequest(tags=tags)
+    return dg.SkipReason(f"{len(staying)} load(s) already queued or running")

@@ -9,8 +9,7 @@ from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 from pin_pipelines.recalc.drain import drain_until_idle
 from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc, requeue_poisoned
 from pin_pipelines.recalc.queue_status import poisoned_requests
-
-DRAIN_JOB_TAGS = {"pin/job": "recalc_drain"}
+from pin_pipelines.run_tags import DRAIN_JOB_TAGS
 
 
 class DrainConfig(dg.Config):

@@ -1,18 +1,15 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
-import time
-
 import dagster as dg
 
-from pin_pipelines.config import Settings
 from pin_pipelines.defs.common import (
     STOPPING_REASON,
+    ending_soon,
     in_flight_records,
     instance_stopping,
-    running_schedule,
 )
-from pin_pipelines.defs.recalc.checks import poison_check_job
 from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
+from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.errors import PinError
 from pin_pipelines.recalc.drain import seconds_until_next_due
 
@@ -30,10 +27,12 @@ OVERDUE_SECONDS = 5.0
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches recalc_drain_job when queue rows are due (or about to be).",
 )
-def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+def recalc_queue_sensor(
+    context: dg.SensorEvaluationContext, pin: PinSettings
+) -> dg.RunRequest | dg.SkipReason:
     if instance_stopping(context.instance):
         return dg.SkipReason(STOPPING_REASON)
-    settings = Settings.from_env()
+    settings = pin.get()
     try:
         next_due = seconds_until_next_due(settings.pg_dsn)
     except PinError as exc:
@@ -48,25 +47,15 @@ def recalc_queue_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | 
     runs = in_flight_records(context, recalc_drain_job.name, limit=max_runs)
     # One run drains until idle; a second one joins when the first cannot keep up, or takes over
     # when the first is about to spend its budget (so its end costs no tick + launch delay).
+    budget = DrainConfig().budget_seconds
     if runs and (
         len(runs) >= max_runs
-        or (next_due > -OVERDUE_SECONDS and not all(_ending_soon(r) for r in runs))
+        or (
+            next_due > -OVERDUE_SECONDS
+            and not all(
+                ending_soon(r, "drain_recalc_queue", budget, LOOKAHEAD_SECONDS) for r in runs
+            )
+        )
     ):
         return dg.SkipReason(f"{len(runs)} drain run(s) already queued or running")
     return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
-
-
-def _ending_soon(record: dg.RunRecord) -> bool:
-    """A started run within LOOKAHEAD_SECONDS of its drain budget (queued runs are not ending)."""
-    if record.start_time is None:
-        return False
-    return time.time() - record.start_time > DrainConfig().budget_seconds - LOOKAHEAD_SECONDS
-
-
-poison_check_schedule = running_schedule(
-    job=poison_check_job,
-    # Every 5 minutes, not every minute: the alert itself comes from the metrics exporter, and a
-    # run per minute was a sixth of the instance's storage (bench/bench_dagster_storage.py).
-    cron="*/5 * * * *",
-    description="Evaluates the poison check every 5 minutes: the UI's view of parked rows.",
-)

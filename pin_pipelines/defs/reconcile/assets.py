@@ -8,13 +8,9 @@ asset shows the check's verdict on the asset page and in the run.
 import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
-from pin_pipelines.defs.devstats.assets import CLICKHOUSE_POOL, dim_layout_group
-from pin_pipelines.defs.reconcile.metadata import (
-    counts_table,
-    id_list,
-    repair_metadata,
-    worst_rows_table,
-)
+from pin_pipelines.defs.common import CLICKHOUSE_POOL, id_list
+from pin_pipelines.defs.devstats.assets import dim_layout_group
+from pin_pipelines.defs.reconcile.metadata import counts_table, repair_metadata, worst_rows_table
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 from pin_pipelines.reconcile import Repair, repair_aggregates, repair_dim
 from pin_pipelines.reconcile import aggregates_drift as find_aggregates_drift

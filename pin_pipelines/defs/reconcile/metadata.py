@@ -7,8 +7,6 @@ import dagster as dg
 from pin_pipelines.reconcile import DriftRow, Repair, worst
 
 DRIFT_COLUMNS = ("entity", "id", "project_id", "column", "stored", "expected")
-#: Ids listed in metadata, ready to paste into force_recalc_job's config.
-LISTED_IDS = 200
 
 
 def worst_rows_table(rows: list[DriftRow]) -> dg.MetadataValue:
@@ -33,10 +31,6 @@ def counts_table(checked: dict[str, int], drifted: dict[str, int]) -> dg.Metadat
             ]
         ),
     )
-
-
-def id_list(ids: list[Any]) -> dg.MetadataValue:
-    return dg.MetadataValue.json([str(i) for i in ids[:LISTED_IDS]])
 
 
 def repair_metadata(repair: Repair | None) -> dict[str, Any]:

@@ -27,6 +27,10 @@ SELECT count(*)
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts;
 
+-- name: batch_size()$
+-- Projects per tick when the caller does not say (NULL without a settings row: the drain's default).
+SELECT batch_size FROM chessboard.recalc_settings;
+
 -- name: relax_commit_durability()^
 -- For the claim's own transaction only (see drain.py): its commit does not wait for the WAL flush.
 SELECT set_config('synchronous_commit', 'off', true);
@@ -112,8 +116,8 @@ WITH project AS (
     ORDER BY id FOR NO KEY UPDATE
 )
 SELECT status, deleted_at,
-       (SELECT count(*) FROM buildings), (SELECT count(*) FROM layouts),
-       (SELECT count(*) FROM layout_groups)
+       (SELECT count(*) FROM buildings) AS buildings, (SELECT count(*) FROM layouts) AS layouts,
+       (SELECT count(*) FROM layout_groups) AS layout_groups
 FROM project;
 
 -- name: recalc_buildings(project_id)$
@@ -273,6 +277,15 @@ SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interv
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.attempt_count < s.poison_attempts;
 
+-- name: request_project_recalc(project_id, tenant_id, reason)!
+-- An explicit raiser, in the caller's transaction: the same debounced upsert the triggers call
+-- (migration 0001).
+SELECT chessboard.request_project_recalc(:project_id, :tenant_id, :reason);
+
+-- name: project_exists(project_id)$
+-- The runbook's force-recalc refuses an unknown project (force_request would insert nothing).
+SELECT true FROM chessboard.projects WHERE id = :project_id;
+
 -- name: force_request(project_id, reason)!
 -- Runbook "ручной форс-пересчёт": the row becomes due now, whatever its debounce said.
 INSERT INTO chessboard.project_recalc_requests AS r
@@ -296,3 +309,38 @@ SELECT count(*) FROM requeued;
 
 -- name: count_poisoned()$
 SELECT count(*) FROM chessboard.poisoned_recalc_requests();
+
+-- Counters of the drain, read by the exporter (metrics.sql). They run inside the transaction of
+-- the work they count, so a rolled-back project counts nothing and a committed one counts exactly
+-- once, whichever process ran it. Each session writes its own shard (mod(pg_backend_pid(), 16)):
+-- concurrent drains do not queue on counter rows. The exporter sums the shards at scrape time.
+
+-- name: record_recalc_outcome(result, duration, coalesced, project, layout, layout_group)!
+-- One claimed project: runs_total{result}, the events it coalesced, the snapshots it republished
+-- per entity and (when duration is not NULL) one histogram observation. Zero increments are not
+-- written; the exporter serves every known label with 0 until it is first counted. Rows are
+-- upserted in key order, so two sessions sharing a shard cannot deadlock.
+INSERT INTO chessboard.metric_counters AS c (metric, label, shard, value)
+SELECT d.metric, d.label, mod(pg_backend_pid(), 16), d.value
+FROM (VALUES
+    ('runs', :result::text, 1::float8),
+    ('coalesced_events', '', :coalesced::float8),
+    ('republished', 'project', :project::float8),
+    ('republished', 'layout', :layout::float8),
+    ('republished', 'layout_group', :layout_group::float8),
+    ('duration_sum', '', :duration::float8),
+    ('duration_bucket',
+     coalesce((SELECT min(b.le) FROM chessboard.recalc_duration_buckets b
+               WHERE b.le >= :duration::float8)::text, '+Inf'),
+     CASE WHEN :duration::float8 IS NULL THEN 0 ELSE 1 END)
+) AS d (metric, label, value)
+WHERE d.value <> 0
+ORDER BY d.metric, d.label
+ON CONFLICT (metric, label, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: record_tick()!
+-- Worker liveness: every drain tick, even one with nothing due, moves the timestamp.
+INSERT INTO chessboard.recalc_worker_ticks AS t (shard, ticks, last_tick_at)
+VALUES (mod(pg_backend_pid(), 16), 1, now())
+ON CONFLICT (shard) DO UPDATE SET
+    ticks = t.ticks + 1, last_tick_at = greatest(t.last_tick_at, excluded.last_tick_at);

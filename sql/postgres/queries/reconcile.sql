@@ -79,7 +79,7 @@ WITH checked_projects AS (
         ('area_max', g.area_max, t.area_max)
     ) AS c (column_name, stored, expected)
 )
-SELECT entity, id, project_id, column_name, stored, expected
+SELECT entity, id, project_id, column_name AS "column", stored, expected
 FROM cells
 WHERE stored IS DISTINCT FROM expected;
 

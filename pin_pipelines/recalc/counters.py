@@ -1,20 +1,22 @@
-"""Counter writes, each a named query of `sql/postgres/queries/metrics.sql` run on the caller's
-connection, inside the caller's transaction: a rolled-back project counts nothing, a committed
-one exactly once, and the count survives the process."""
+"""The drain's counters, written where it counts: named queries of `recalc.sql` run on the
+drain's connection, inside its transaction, so a rolled-back project counts nothing, a committed
+one exactly once, and the count survives the process. The exporter (`pin_pipelines.metrics`)
+only reads them, with the label values below."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import psycopg
 
 from pin_pipelines.db import queries
 
-if TYPE_CHECKING:
-    from pin_pipelines.recalc.drain import ProjectResult
+Q: Any = queries("recalc")
 
 #: The drain's outcomes as `chessboard_recalc_runs_total{result}` values; "error" is the spec's
-#: name for a failed run (alert "рост runs_total{result=error}").
+#: name for a failed run (alert "рост runs_total{result=error}"). An interrupted attempt was
+#: given back, so it is not a run.
 RESULT_LABELS: dict[str, str] = {
     "recalculated": "success",
     "skipped_archived": "skipped_archived",
@@ -25,15 +27,25 @@ RESULT_LABELS: dict[str, str] = {
 ENTITIES = ("project", "layout", "layout_group")
 
 
-def _q() -> Any:
-    return queries("metrics")
+class Counted(Protocol):
+    """What a count needs of the drain's `ProjectResult` (a protocol, so the drain imports its
+    counters and not the other way round)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def duration_seconds(self) -> float: ...
+    @property
+    def requested_count(self) -> int: ...
+    @property
+    def republished(self) -> Mapping[str, int]: ...
 
 
-def record_outcome(conn: psycopg.Connection, result: ProjectResult) -> None:
+def record_outcome(conn: psycopg.Connection, result: Counted) -> None:
     """Count one claimed project. A deferred project (row lock held elsewhere) is counted as a
     run but not observed in the duration histogram: its time is lock waiting, not the recalc
     whose p99 the SLO bounds."""
-    _q().record_recalc_outcome(
+    Q.record_recalc_outcome(
         conn,
         result=RESULT_LABELS[result.outcome],
         duration=None if result.outcome == "deferred" else result.duration_seconds,
@@ -44,9 +56,4 @@ def record_outcome(conn: psycopg.Connection, result: ProjectResult) -> None:
 
 def record_tick(conn: psycopg.Connection) -> None:
     """Worker liveness: one drain tick happened now (also when nothing was due)."""
-    _q().record_tick(conn)
-
-
-def record_loader_batch(conn: psycopg.Connection, *, inserted: int, skipped_stale: int) -> None:
-    """The dimension loader's ClickHouse outcome of one batch (call after its offset commit)."""
-    _q().record_loader_batch(conn, inserted=inserted, skipped_stale=skipped_stale)
+    Q.record_tick(conn)

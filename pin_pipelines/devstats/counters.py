@@ -1,0 +1,17 @@
+"""The dimension loader's counters, written where it counts (a named query of `devstats.sql`);
+the exporter (`pin_pipelines.metrics`) only reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pin_pipelines.db import queries
+
+Q: Any = queries("devstats")
+
+
+def record_loader_batch(conn: psycopg.Connection, *, inserted: int, skipped_stale: int) -> None:
+    """The dimension loader's ClickHouse outcome of one batch (call after its offset commit)."""
+    Q.record_loader_batch(conn, inserted=inserted, skipped_stale=skipped_stale)

@@ -1,0 +1,374 @@
+"""The continuous loader as real processes (`pin devstats load` without --once, each aimed at a
+topic and group of its test): the readers answered while it runs on the embedded engine, a clean
+stop on SIGTERM, and two loaders handing over on both ClickHouse paths while events flow.
+
+A loader process is the `pin` command's own `main`, with `load_continuously` aimed at the test's
+topic (the contract topic and the loader's group are shared by every test session on the
+broker). The embedded folder is migrated by `pin db migrate` and read by this process through
+the loader that owns it, with a `with open_clickhouse(…)` per read, closed at once: this process
+never keeps the folder, so the loaders can always take it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from confluent_kafka import Producer
+
+from pin_pipelines.clickhouse import ClickHouseError, open_clickhouse
+from pin_pipelines.config import Settings
+from pin_pipelines.definitions import defs
+from pin_pipelines.defs.reconcile.assets import dim_layout_group_drift
+from pin_pipelines.defs.resources import RESOURCES
+from pin_pipelines.devstats.dim import stored_versions
+from pin_pipelines.devstats.freshness import unloaded_events
+from pin_pipelines.devstats.loader import LoadOptions
+from pin_pipelines.metrics import devstats as devstats_metrics
+from tests.integration.clickhouse_fixtures import engine_url
+from tests.integration.test_devstats_dagster import end_offsets
+from tests.support.cli import run_pin, summary
+from tests.support.devstats import Group, committed, produce_events
+
+#: `pin devstats load` (cli.main) with the loader aimed at argv's topic, group and DLQ topic.
+LOADER = """
+import dataclasses, sys
+from pin_pipelines.devstats import loader
+topic, group, dlq_topic = sys.argv[1:4]
+real = loader.load_continuously
+def aimed(settings, options):
+    options = dataclasses.replace(options, topic=topic, group=group, dlq_topic=dlq_topic)
+    return real(settings, options)
+loader.load_continuously = aimed
+from pin_pipelines.cli import main
+sys.exit(main(["devstats", "load"]))
+"""
+
+
+class LoaderProcess:
+    """A running loader; its stdout and stderr go to files (a full pipe would block it)."""
+
+    def __init__(
+        self, options: LoadOptions, env: dict[str, str], logs: Path, name: str, *, deaf: bool
+    ) -> None:
+        """`deaf`: started with SIGTERM and SIGINT ignored, as a supervisor may leave them."""
+        self.out, self.err = logs / f"{name}.out", logs / f"{name}.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", LOADER, options.topic, options.group, options.dlq_topic],
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=err,
+                text=True,
+                preexec_fn=_ignore_stop_signals if deaf else None,
+            )
+
+    def stop(self, timeout: float = 30.0) -> tuple[dict[str, Any], float]:
+        """SIGTERM; its JSON summary (the last stdout line) and how long it took to exit 0."""
+        sent = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout)
+        took = time.monotonic() - sent
+        assert code == 0, f"exit {code}: {self.err.read_text()[-2000:]}"
+        return json.loads(self.out.read_text().strip().splitlines()[-1]), took
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(30)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+@contextmanager
+def loaders(
+    options: LoadOptions, env: dict[str, str], logs: Path
+) -> Iterator[Callable[..., LoaderProcess]]:
+    """Start loader processes by name; every one is killed and waited for at the end."""
+    started: list[LoaderProcess] = []
+
+    def start(name: str, deaf: bool = False) -> LoaderProcess:
+        started.append(LoaderProcess(options, env, logs, name, deaf=deaf))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for loader in started:
+            loader.kill()
+
+
+def loader_env(
+    clickhouse_url: str, kafka_bootstrap: str, pg_dsn: str, state: Path
+) -> dict[str, str]:
+    return {
+        "PIN_CLICKHOUSE_URL": clickhouse_url,
+        "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "PIN_PG_DSN": pg_dsn,
+        "PIN_STATE_DIR": str(state),
+    }
+
+
+def versions(clickhouse_url: str, groups: list[Group]) -> dict[uuid.UUID, int]:
+    """The stored (argMax) version of each group that has one; a client opened for this read.
+
+    This process may hold the session's own chdb folder (another module's fixture), and chdb
+    opens one folder per process: it then reads only through a loader that owns the folder, and
+    waits (up to 60 s) while none does (one starting, or the milliseconds of a hand-over)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with open_clickhouse(clickhouse_url) as ch:
+                found = stored_versions(ch, [g.id for g in groups])
+        except ClickHouseError as exc:
+            if "already has embedded ClickHouse open" not in str(exc):
+                raise
+            assert time.monotonic() < deadline, exc
+            time.sleep(0.05)
+        else:
+            return {g.id: found[g.id.int] for g in groups if g.id.int in found}
+
+
+def wait_for(what: str, done: Callable[[], bool], timeout: float) -> float:
+    """Seconds until `done()`; fails after `timeout`."""
+    started = time.monotonic()
+    while not done():
+        assert time.monotonic() - started < timeout, f"{what} within {timeout:g}s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def chdb_folder_url(tmp_path: Path, pg_dsn: str) -> str:
+    """A migrated embedded folder of this test (`pin db migrate`, as a user would)."""
+    url = f"chdb://{tmp_path / 'chdb'}"
+    summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
+    return url
+
+
+# --- the embedded engine keeps serving readers ------------------------------------------------
+
+
+def test_readers_are_answered_while_a_continuous_loader_owns_the_embedded_folder(
+    chdb_folder_url: str,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tried, while one `pin devstats load` process owns the chdb folder: `pin devstats labels`
+    (another process), the drift asset and the versions check (Dagster, in this process), the
+    freshness check's and the metrics exporter's reads (Kafka: they never open ClickHouse),
+    each between batches of events produced meanwhile. Every reader answers with what the loader
+    has stored, and the loader keeps loading (each new batch visible within a few seconds)."""
+    env = loader_env(chdb_folder_url, kafka_bootstrap, pg_dsn, tmp_path)
+    monkeypatch.setenv("PIN_CLICKHOUSE_URL", chdb_folder_url)
+    settings = Settings.from_env()
+    developer = uuid.uuid4()
+    with loaders(loader_options, env, tmp_path) as start:
+        loader = start("loader")
+        first = Group(developer_id=developer)
+        produce_events(kafka_bootstrap, loader_options.topic, [first.event(1)])
+        wait_for("the first event loaded", lambda: versions(chdb_folder_url, [first]) != {}, 60)
+
+        def readers_answer(group: Group) -> None:
+            """The readers, one after another, then a new event: visible within seconds."""
+            shown = run_pin(
+                "devstats",
+                "labels",
+                "--developer-id",
+                str(developer),
+                "--ids",
+                str(group.id),
+                env=env,
+            )
+            assert summary(shown) == {str(group.id): group.event(1)["Name"]}
+            drift = dg.materialize([dim_layout_group_drift], resources=RESOURCES)
+            assert drift.success
+            [materialized] = drift.asset_materializations_for_node("dim_layout_group_drift")
+            checked = materialized.metadata["dim_rows_checked"].value
+            assert isinstance(checked, int) and checked >= 1
+            check_job = defs.resolve_job_def("dim_layout_group_versions_check_job")
+            assert check_job.execute_in_process().success
+            lag = unloaded_events(settings, topic=loader_options.topic, group=loader_options.group)
+            assert lag.events == 0
+            families = devstats_metrics.families(
+                devstats_metrics.read_kafka_state(
+                    settings,
+                    topic=loader_options.topic,
+                    group=loader_options.group,
+                    dlq_topic=loader_options.dlq_topic,
+                )
+            )
+            consumed = next(f for f in families if f.name == "devstats_loader_consumed")
+            assert sum(sample.value for sample in consumed.samples) >= 1
+
+        def stored(group: Group) -> bool:
+            return versions(chdb_folder_url, [group]) != {}
+
+        readers_answer(first)
+        for _ in range(3):
+            group = Group(developer_id=developer)
+            produce_events(kafka_bootstrap, loader_options.topic, [group.event(1)])
+            took = wait_for("a new event loaded", functools.partial(stored, group), 10)
+            assert took < 5
+            readers_answer(group)
+        report, _ = loader.stop()
+    assert report["inserted"] == 4 and report["consumed"] == 4
+    assert report["freshness_p99_seconds"] is not None
+
+
+# --- a clean stop ---------------------------------------------------------------------------
+
+
+def test_sigterm_stores_and_commits_the_batch_in_hand_and_exits_0(
+    chdb_folder_url: str,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: a loader started with SIGTERM and SIGINT ignored (its handlers are installed all
+    the same), events visible within a few seconds, then 2,000 events in one go and SIGTERM
+    right after them. It exits 0 within seconds with its JSON summary as the last stdout line;
+    what it consumed is exactly what it committed (the batch in hand included); a second loader
+    loads the rest and a version more, and the dimension ends with every group's last one."""
+    env = loader_env(chdb_folder_url, kafka_bootstrap, pg_dsn, tmp_path)
+    groups = [Group() for _ in range(100)]
+    with loaders(loader_options, env, tmp_path) as start:
+        loader = start("first", deaf=True)
+        produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in groups])
+        took = wait_for(
+            "the first events loaded", lambda: len(versions(chdb_folder_url, groups)) == 100, 60
+        )
+        produce_events(
+            kafka_bootstrap,
+            loader_options.topic,
+            [g.event(v) for v in range(2, 22) for g in groups],
+        )
+        report, stopped_in = loader.stop()
+        assert stopped_in < 5
+        offsets = committed(kafka_bootstrap, loader_options.topic, loader_options.group)
+        assert report["consumed"] == sum(max(o, 0) for o in offsets.values())
+
+        rest = start("second")  # and one more version each, so it is seen loading
+        produce_events(kafka_bootstrap, loader_options.topic, [g.event(22) for g in groups])
+        last = {g.id: 22 for g in groups}
+        wait_for("the rest loaded", lambda: versions(chdb_folder_url, groups) == last, 60)
+        report_rest, _ = rest.stop()
+    assert report["consumed"] + report_rest["consumed"] == 2200
+    ends = end_offsets(kafka_bootstrap, loader_options.topic)
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == ends
+    assert took < 60
+
+
+# --- hand-over: two loaders overlapping while events flow -------------------------------------
+
+
+@pytest.fixture(params=["embedded", "server"])
+def handover_url(request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str) -> str:
+    """The embedded folder of this test, or the shared server (its groups are this test's own)."""
+    if request.param == "embedded":
+        url = f"chdb://{tmp_path / 'chdb'}"
+        summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
+        return url
+    return engine_url(request)
+
+
+def test_two_loaders_hand_over_while_events_flow_without_loss_or_reordering(
+    handover_url: str,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: 20 groups get versions 1, 2, 3, … produced continuously (a few thousand events over
+    ~12 s) while loader A runs, loader B starts beside it (they split the partitions), A stops
+    (SIGTERM) and B goes on alone; on chdb B first sends its statements to A, then takes the
+    folder over. A reader polls the dimension throughout. The dimension ends exact (every
+    group's argMax version is its last), no reader ever saw a group's version go back, every
+    offset is committed, both loaders exit 0 within seconds of SIGTERM, and together they
+    inserted every group's last version."""
+    env = loader_env(handover_url, kafka_bootstrap, pg_dsn, tmp_path)
+    groups = [Group() for _ in range(20)]
+    last = dict.fromkeys((g.id for g in groups), 0)
+    seen: dict[uuid.UUID, int] = {}
+    regressions: list[str] = []
+    producing = threading.Event()
+    producing.set()
+
+    def produce() -> None:
+        """A version of every group each round, keyed by Id like the relay's events."""
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+        version = 0
+        while producing.is_set():
+            version += 1
+            for g in groups:
+                event = g.event(version)
+                producer.produce(loader_options.topic, json.dumps(event).encode(), event["Id"])
+            assert producer.flush(15) == 0
+            for g in groups:
+                last[g.id] = version
+            time.sleep(0.04)
+
+    def read_on() -> None:
+        while producing.is_set():
+            try:
+                now = versions(handover_url, groups)
+            except Exception as exc:  # a reader that fails is the finding
+                regressions.append(f"read failed: {exc}")
+                return
+            for gid, version in now.items():
+                if version < seen.get(gid, 0):
+                    regressions.append(f"{gid}: {seen[gid]} then {version}")
+                seen[gid] = max(version, seen.get(gid, 0))
+            time.sleep(0.1)
+
+    with loaders(loader_options, env, tmp_path) as start:
+        first = start("a")
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            wait_for("loader A loading", lambda: versions(handover_url, groups) != {}, 60)
+            reader = threading.Thread(target=read_on)
+            reader.start()
+            time.sleep(3)
+            second = start("b")
+            time.sleep(5)  # both in the group
+            report_a, took_a = first.stop()
+            time.sleep(4)  # B alone
+        finally:
+            producing.clear()
+            producer.join()
+        reader.join()
+        wait_for(
+            "the last versions loaded",
+            lambda: versions(handover_url, groups) == last,
+            30,
+        )
+        report_b, took_b = second.stop()
+    assert not regressions, regressions[:5]
+    assert took_a < 10 and took_b < 10
+    assert report_a["inserted"] > 0 and report_b["inserted"] > 0
+    produced = sum(last.values())
+    assert produced >= 1000
+    assert report_a["consumed"] + report_b["consumed"] >= produced
+    ends = end_offsets(kafka_bootstrap, loader_options.topic)
+    assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == ends

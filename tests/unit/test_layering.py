@@ -1,0 +1,244 @@
+"""The package's layering, read from the source (ast), nothing imported or started:
+- no import cycle among pin_pipelines modules (module-level imports: what runs at import time);
+- Dagster is imported only by the Dagster wiring and the few core modules that drive a Dagster
+  instance themselves (DAGSTER_MODULES): the core stays callable from `pin` without it;
+- no module imports a private name (`_x`) of another domain.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pin_pipelines.config import SOURCE_ROOT
+
+PACKAGE = "pin_pipelines"
+PACKAGE_DIR = SOURCE_ROOT / PACKAGE
+
+#: The modules that may import dagster (or dagster_*), besides everything under defs/: the code
+#: location, `pin serve` (it opens the instance to wait for runs on a stop), and the retention of
+#: finished runs, which works on a DagsterInstance for `pin dagster prune` and the daily job.
+#: dagster_instance.py writes the instance's YAML and needs no Dagster import.
+DAGSTER_MODULES = frozenset(
+    {
+        "pin_pipelines.definitions",
+        "pin_pipelines.serve",
+        "pin_pipelines.housekeeping.retention",
+    }
+)
+DAGSTER_PACKAGES = ("pin_pipelines.defs",)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module (resolved to a module of the package when it is one) and the names
+    taken from it; `module_level` is False inside a function, a class or `if TYPE_CHECKING`."""
+
+    importer: str
+    module: str
+    names: tuple[str, ...]
+    module_level: bool
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+MODULES = package_modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _statements(body: list[ast.stmt], module_level: bool) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every statement, with whether it runs when the module is imported."""
+    for node in body:
+        yield node, module_level
+        if isinstance(node, ast.If):
+            yield from _statements(node.body, module_level and not _is_type_checking(node))
+            yield from _statements(node.orelse, module_level)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                yield from _statements(block, module_level)
+            for handler in node.handlers:
+                yield from _statements(handler.body, module_level)
+        elif isinstance(node, ast.With):
+            yield from _statements(node.body, module_level)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield from _statements(node.body, False)
+        elif isinstance(node, ast.For | ast.While):
+            yield from _statements(node.body, module_level)
+            yield from _statements(node.orelse, module_level)
+
+
+def _absolute(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(name: str) -> list[Import]:
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node, module_level in _statements(tree.body, True):
+        if isinstance(node, ast.Import):
+            found += [Import(name, a.name, (), module_level, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(name, path.name == "__init__.py", node)
+            for alias in node.names:
+                # `from pin_pipelines.x import y` where y is a module imports that module.
+                submodule = f"{source}.{alias.name}"
+                if submodule in MODULES:
+                    found.append(Import(name, submodule, (), module_level, node.lineno))
+                else:
+                    found.append(Import(name, source, (alias.name,), module_level, node.lineno))
+    return found
+
+
+ALL_IMPORTS = [imp for name in MODULES for imp in imports_of(name)]
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """importer → the package modules its module-level imports run. Importing a.b.c also runs
+    the packages a.b and a, except those the importer is inside (already being imported)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for imp in ALL_IMPORTS:
+        if not imp.module_level or imp.module not in MODULES:
+            continue
+        own = set(_ancestors(imp.importer))
+        graph[imp.importer] |= {
+            m for m in [*_ancestors(imp.module), imp.module] if m in MODULES and m not in own
+        } - {imp.importer}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def domain(module: str) -> tuple[str, ...]:
+    """The room a module belongs to: `defs.<domain>` under defs/, else its first name under the
+    package (a subpackage, or a top-level module on its own)."""
+    parts = module.split(".")[1:]
+    return tuple(parts[:2]) if parts[:1] == ["defs"] else tuple(parts[:1])
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+# --- the helpers themselves, on made-up graphs ------------------------------------------------
+
+
+def test_cycles_finds_a_cycle_and_only_it() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_domains_are_packages_and_defs_folders() -> None:
+    assert domain("pin_pipelines.recalc.drain") == ("recalc",)
+    assert domain("pin_pipelines.defs.recalc.jobs") == ("defs", "recalc")
+    assert domain("pin_pipelines.defs.common") == ("defs", "common")
+    assert domain("pin_pipelines.config") == ("config",)
+
+
+def test_the_walk_sees_every_module_and_resolves_relative_and_submodule_imports() -> None:
+    """Tried: a name for each file, and the definitions' own imports (each domain's
+    defs package, imported as a submodule by `from pin_pipelines.defs import devstats, …`)."""
+    paths = sorted(PACKAGE_DIR.rglob("*.py"))
+    assert len({module_name(path) for path in paths}) == len(paths)
+    assert {"pin_pipelines.defs.recalc", "pin_pipelines.defs.relay"} <= import_graph()[
+        "pin_pipelines.definitions"
+    ]
+
+
+# --- the package ------------------------------------------------------------------------------
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_only_the_dagster_wiring_imports_dagster() -> None:
+    """Every import of dagster or dagster_* (function-level ones too) outside defs/ and
+    DAGSTER_MODULES; and each module of DAGSTER_MODULES still needs its place on the list."""
+    importers = {
+        imp.importer
+        for imp in ALL_IMPORTS
+        if imp.module.split(".")[0] == "dagster" or imp.module.startswith("dagster_")
+    }
+    outside = sorted(
+        m
+        for m in importers
+        if m not in DAGSTER_MODULES
+        and not any(m == p or m.startswith(f"{p}.") for p in DAGSTER_PACKAGES)
+    )
+    assert outside == []
+    assert sorted(DAGSTER_MODULES - importers) == []
+
+
+def test_no_module_imports_another_domains_private_names() -> None:
+    violations = [
+        f"{imp.importer}:{imp.line} imports {imp.module} {', '.join(imp.names)}".strip()
+        for imp in ALL_IMPORTS
+        if imp.module.startswith(f"{PACKAGE}.")
+        and domain(imp.importer) != domain(imp.module)
+        and (
+            any(_private(part) for part in imp.module.split("."))
+            or any(_private(name) for name in imp.names)
+        )
+    ]
+    assert violations == []

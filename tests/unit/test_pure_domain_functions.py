@@ -1,0 +1,121 @@
+"""The pure decisions of the domains, without their services: the dimension's drift kinds
+(reconcile), the relay's id runs and its permanent-failure classification, and where the
+loader's group resumes in a partition (devstats)."""
+
+from __future__ import annotations
+
+import uuid
+from uuid import UUID
+
+import pytest
+from confluent_kafka import KafkaError
+
+from pin_pipelines.devstats.offsets import first_unloaded
+from pin_pipelines.reconcile.dimension import Snapshot, compare
+from pin_pipelines.relay.outbox import _id_runs
+from pin_pipelines.relay.producer import Failure
+
+# --- reconcile: compare ---------------------------------------------------------------------------
+
+PROJECT, DEVELOPER = uuid.uuid4(), uuid.uuid4()
+
+
+def snapshot(version: int, name: str = "A", archived: bool = False) -> Snapshot:
+    return (PROJECT, DEVELOPER, name, 1, archived, version)
+
+
+def test_each_kind_of_dimension_drift() -> None:
+    """Tried: one group per kind, plus one in sync. Each gets its kind, the bump floor of its
+    re-publication (-1 when the row is missing), and only the groups with a source are
+    re-published; a row without a source group is reported, never re-published."""
+    ids = {
+        kind: uuid.uuid4() for kind in ("same", "missing", "unexpected", "stale", "ahead", "diff")
+    }
+    source = {
+        ids["same"]: snapshot(2),
+        ids["missing"]: snapshot(4),
+        ids["stale"]: snapshot(5),
+        ids["ahead"]: snapshot(3),
+        ids["diff"]: snapshot(6, name="B", archived=True),
+    }
+    dim = {
+        ids["same"]: snapshot(2),
+        ids["unexpected"]: snapshot(7),
+        ids["stale"]: snapshot(4),
+        ids["ahead"]: snapshot(9),
+        ids["diff"]: snapshot(6),
+    }
+    drift = compare(source, dim)
+    assert drift.checked == 6
+    assert drift.kinds == {
+        ids["missing"]: "missing",
+        ids["unexpected"]: "unexpected",
+        ids["stale"]: "stale_version",
+        ids["ahead"]: "ahead_version",
+        ids["diff"]: "different",
+    }
+    assert drift.republish == {ids["missing"]: -1, ids["stale"]: 4, ids["ahead"]: 9, ids["diff"]: 6}
+    assert set(drift.projects) == set(drift.republish)
+    assert drift.by_kind == {
+        "missing": 1,
+        "unexpected": 1,
+        "stale_version": 1,
+        "ahead_version": 1,
+        "different": 1,
+    }
+    different = {(r.column, r.stored, r.expected) for r in drift.rows if r.id == ids["diff"]}
+    assert different == {("name", "A", "B"), ("is_archived", False, True)}
+
+
+def test_no_drift_when_both_sides_agree_or_are_empty() -> None:
+    gid: UUID = uuid.uuid4()
+    assert compare({gid: snapshot(1)}, {gid: snapshot(1)}).kinds == {}
+    assert compare({}, {}).checked == 0
+
+
+# --- relay: id runs and failures ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ids", "runs"),
+    [
+        ([], ([], [])),
+        ([7], ([7], [7])),
+        ([1, 2, 3, 5, 6, 9], ([1, 5, 9], [3, 6, 9])),
+        # A dead-lettered or unread id (4) is missing: the run ends before it.
+        ([3, 1, 2, 5], ([1, 5], [3, 5])),
+    ],
+)
+def test_ids_become_runs_of_consecutive_ids(
+    ids: list[int], runs: tuple[list[int], list[int]]
+) -> None:
+    assert _id_runs(ids) == runs
+
+
+def test_only_unfixable_delivery_errors_are_permanent() -> None:
+    """A too-large or invalid message is dead-lettered; a timeout or a lost leader is retried."""
+    permanent = [KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG]
+    retried = [
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._TRANSPORT,
+    ]
+    assert [Failure(KafkaError(code), b"v").permanent for code in permanent] == [True] * 3
+    assert [Failure(KafkaError(code), b"v").permanent for code in retried] == [False] * 3
+
+
+# --- devstats: where the group resumes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("committed", "low", "high", "first"),
+    [
+        (-1001, 0, 10, 0),  # no commit yet: from the start
+        (4, 0, 10, 4),  # the committed offset
+        (10, 0, 10, 10),  # at the end: nothing unloaded
+        (2, 5, 10, 5),  # below the retention start: from what is left
+        (12, 0, 10, 0),  # past the end (topic recreated): replay, never stall
+    ],
+)
+def test_first_unloaded(committed: int, low: int, high: int, first: int) -> None:
+    assert first_unloaded(committed, low, high) == first
