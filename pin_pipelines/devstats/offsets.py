@@ -10,8 +10,9 @@ right after a topic's creation or a restart) are retried for up to KAFKA_TIMEOUT
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import contextmanager, suppress
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -20,6 +21,8 @@ from pin_pipelines.kafka import while_settling
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
+#: A consumer's close (leave the group, wait for its commits) longer than this is given up on.
+CLOSE_TIMEOUT = 2 * KAFKA_TIMEOUT
 
 
 @contextmanager
@@ -51,8 +54,45 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
         }
     )
-    with closing(consumer), kafka_errors(bootstrap):
-        yield consumer
+    with kafka_errors(bootstrap):
+        try:
+            yield consumer
+        except BaseException:
+            with suppress(PinError, KafkaException):  # the error in flight says more
+                _close(consumer, bootstrap)
+            raise
+        _close(consumer, bootstrap)
+
+
+def _close(consumer: Consumer, bootstrap: str) -> None:
+    """Close `consumer` (leave the group, flush its commits) within CLOSE_TIMEOUT.
+
+    librdkafka's close has no timeout: with the group's coordinator gone (its only broker killed
+    after a cycle's asynchronous commits were sent) it waits for those commits for as long as the
+    broker stays down, and the load run hung with it. The close runs in a daemon thread; past the
+    bound it is left there (the process ends without it), and the loader reports the broker in
+    one line. Nothing is lost: a commit that did not reach the broker only replays applied events,
+    which the version guard skips.
+    """
+    failure: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except BaseException as exc:  # raised in this thread, re-raised in the caller's
+            failure.append(exc)
+
+    closer = threading.Thread(target=close, name="kafka-consumer-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_TIMEOUT)
+    if closer.is_alive():
+        raise PinError(
+            f"Kafka at {bootstrap}: the consumer did not close within {CLOSE_TIMEOUT:g}s (the "
+            "group's coordinator is unreachable); what it did not commit is loaded again, "
+            "without duplicates, by the next run"
+        )
+    if failure:
+        raise failure[0]
 
 
 def first_unloaded(committed: int, low: int, high: int) -> int:

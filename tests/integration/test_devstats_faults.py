@@ -22,9 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 
-from pin_pipelines.devstats.loader import LoadOptions
-from tests.support.cli import assert_one_line_error, run_pin
+from pin_pipelines.clickhouse import open_clickhouse
+from pin_pipelines.devstats.dim import groups
+from pin_pipelines.devstats.loader import JOIN_TIMEOUT, LoadOptions
+from pin_pipelines.devstats.offsets import CLOSE_TIMEOUT, DEFAULT_GROUP
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+from pin_pipelines.stack.kafka import LocalKafka
+from pin_pipelines.stack.process import wait_until
+from tests.integration.test_relay_exactly_once import (  # the module's private broker
+    kafka,  # noqa: F401 (a fixture)
+    kill_broker,
+    restart_broker,
+)
+from tests.support.cli import PIN, assert_one_line_error, run_pin
 from tests.support.devstats import Group, committed, produce_events
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +212,69 @@ def test_kafka_unreachable_is_one_line_error(tmp_path: Path) -> None:
     )
     assert_one_line_error(result, "Kafka at 127.0.0.1:1")
     assert result.stdout.strip() == ""  # no summary: nothing was loaded
+
+
+def test_broker_killed_after_the_first_commit_ends_the_load_in_one_line(
+    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    clickhouse_server_url: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: `pin devstats load --once` over 60,000 events on a private broker, the broker
+    killed with SIGKILL as soon as the group's first offsets are committed, and kept down.
+    librdkafka's close waited for the cycle's outstanding commits for as long as the coordinator
+    was gone: the load hung (still there after 400 s, issue 16). Now it ends non-zero within its
+    join timeout and the bounded close, with one line naming Kafka; once the broker is back, the
+    next load resumes from the committed offsets and ends exact."""
+    bootstrap = kafka.settings.kafka_bootstrap
+    developer = uuid.uuid4()
+    history = [Group(developer_id=developer) for _ in range(6000)]
+    produce_events(
+        bootstrap, TOPIC_LAYOUT_GROUP, [g.event(v) for v in range(1, 11) for g in history]
+    )
+    env = {
+        "PIN_KAFKA_BOOTSTRAP": bootstrap,
+        "PIN_CLICKHOUSE_URL": clickhouse_server_url,
+        "PIN_STATE_DIR": str(tmp_path / "state"),
+    }
+
+    def first_commit() -> bool:
+        try:
+            offsets = committed(bootstrap, TOPIC_LAYOUT_GROUP, DEFAULT_GROUP)
+        except KafkaException:
+            return False
+        return sum(max(0, o) for o in offsets.values()) > 0
+
+    load = subprocess.Popen(
+        [PIN, "devstats", "load", "--once"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(first_commit, timeout=60, what="the load's first commit")
+        kill_broker(kafka)
+        killed_at = time.monotonic()
+        _, err = load.communicate(timeout=JOIN_TIMEOUT + CLOSE_TIMEOUT + 60)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.communicate()
+        restart_broker(kafka)
+    assert_one_line_error(
+        subprocess.CompletedProcess(load.args, load.returncode, "", err), f"Kafka at {bootstrap}"
+    )
+    assert ended_after < JOIN_TIMEOUT + CLOSE_TIMEOUT + 30
+
+    result = run_pin("devstats", "load", "--once", env=env, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["complete"]
+    with open_clickhouse(clickhouse_server_url) as ch:
+        assert {(g.layout_group_id, g.source_version) for g in groups(ch, developer)} == {
+            (g.id, 10) for g in history
+        }
+    assert committed(bootstrap, TOPIC_LAYOUT_GROUP, DEFAULT_GROUP) == _ends(
+        bootstrap, TOPIC_LAYOUT_GROUP
+    )
