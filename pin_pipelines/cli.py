@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from uuid import UUID
 
 from pin_pipelines.config import Settings, traceback_requested
-from pin_pipelines.errors import PinError
+from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.logs import configure_cli_logging
 
 Handler = Callable[[argparse.Namespace, Settings], Any]
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env()
         args.handler(args, settings)
     except PinError as exc:
-        print(f"pin: error: {exc}", file=sys.stderr)
+        print(f"pin: error: {first_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("pin: interrupted", file=sys.stderr)
@@ -313,11 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the contract: a one-line message, never a bare traceback
         if traceback_requested():
             traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(
-            f"pin: error: {type(exc).__name__}: {first} (PIN_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
-        )
+        what = f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else first_line(exc)
+        print(f"pin: error: {what} (PIN_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     return 0
 

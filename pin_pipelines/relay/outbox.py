@@ -32,7 +32,7 @@ import psycopg
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connect, queries
 from pin_pipelines.errors import PinError, first_line
-from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, ensure_topics
+from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, ensure_topics
 from pin_pipelines.logs import log_event
 from pin_pipelines.relay import receipts
 from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
@@ -193,7 +193,11 @@ class OutboxRelay:
             Q.lock_relay(conn)
             try:
                 topics = tuple(topic for (topic,) in Q.relay_topics(conn))
-                ensure_topics(self.settings.kafka_bootstrap, (*topics, TOPIC_RELAY_COMMITS))
+                ensure_topics(
+                    self.settings.kafka_bootstrap,
+                    (*topics, TOPIC_RELAY_COMMITS),
+                    TopicPolicy.from_settings(self.settings),
+                )
                 sender = Sender(
                     self.settings.kafka_bootstrap,
                     self.settings.relay_transactional_id,
