@@ -77,11 +77,13 @@ def settle(urls: list[str], timeout: float = 120.0) -> None:
     os.sync()
 
 
-def produce_stream(bootstrap: str, topic: str, events: int, groups: int) -> None:
+def produce_stream(bootstrap: str, topic: str, events: int, groups: int) -> Groups:
+    """`events` of `groups` groups round-robin; returns the groups (to check what was stored)."""
     stream, producer, now = Groups(groups), new_producer(bootstrap), datetime.now(UTC)
     for i in range(events):
         produce(producer, topic, *stream.event(i, now))
     assert producer.flush(60) == 0
+    return stream
 
 
 def timed_load(settings: Settings, options: LoadOptions, events: int) -> float:
