@@ -39,27 +39,27 @@ def quantiles(values: list[float]) -> dict[str, Any]:
     }
 
 
-def drain_all(dsn: str, batch_size: int | None = None) -> int:
-    """Ticks until one finds nothing due; returns the projects processed."""
+def drain_all(dsn: str) -> int:
+    """Ticks (of the configured batch size) until one finds nothing due; returns the projects
+    processed."""
     done = 0
     while True:
-        tick = drain_tick(dsn, batch_size=batch_size)
+        tick = drain_tick(dsn)
         if not tick.results:
             return done
         done += len(tick.results)
 
 
-def _drain_worker(dsn: str, batch_size: int | None, result: multiprocessing.Queue[int]) -> None:
-    result.put(drain_all(dsn, batch_size))
+def _drain_worker(dsn: str, result: multiprocessing.Queue[int]) -> None:
+    result.put(drain_all(dsn))
 
 
-def drain_throughput(dsn: str, workers: int, batch_size: int | None = None) -> float:
+def drain_throughput(dsn: str, workers: int) -> float:
     """Projects/s of `workers` processes (a process each, like drain runs) draining what is due
     until nothing is."""
     results: multiprocessing.Queue[int] = multiprocessing.Queue()
     procs = [
-        multiprocessing.Process(target=_drain_worker, args=(dsn, batch_size, results))
-        for _ in range(workers)
+        multiprocessing.Process(target=_drain_worker, args=(dsn, results)) for _ in range(workers)
     ]
     started = time.perf_counter()
     for p in procs:
