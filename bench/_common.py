@@ -39,6 +39,21 @@ def quantiles(values: list[float]) -> dict[str, Any]:
     }
 
 
+def seconds_quantiles(values: list[float], *, with_max: bool = False) -> dict[str, Any] | None:
+    """n, p50 and p99 (and the max) of `values` in seconds, 2 decimals; None without values."""
+    if not values:
+        return None
+    q = quantiles(values)
+    found = {
+        "n": q["n"],
+        "p50_s": round(q["p50_ms"] / 1000, 2),
+        "p99_s": round(q["p99_ms"] / 1000, 2),
+    }
+    if with_max:
+        found["max_s"] = round(max(values), 2)
+    return found
+
+
 def drain_all(dsn: str) -> int:
     """Ticks (of the configured batch size) until one finds nothing due; returns the projects
     processed."""

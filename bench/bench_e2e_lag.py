@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, fresh_database, quantiles
+from _common import BASE_DSN, fresh_database, seconds_quantiles
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP, dagster_pg_url_from, dsn_with_dbname
@@ -45,17 +45,6 @@ from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 CLICKHOUSE_URL = os.environ.get(
     "PIN_BENCH_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
 )
-
-
-def _seconds(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    q = quantiles(values)
-    return {
-        "n": q["n"],
-        "p50_s": round(q["p50_ms"] / 1000, 2),
-        "p99_s": round(q["p99_ms"] / 1000, 2),
-    }
 
 
 def _end_offsets(consumer: Consumer) -> list[TopicPartition]:
@@ -204,7 +193,7 @@ def main() -> None:
                 # Edits made before the deadline (a loaded machine slows the loop below --every).
                 "edited": len(edited),
                 "observed": len(visible),
-                "lag": {name: _seconds(values) for name, values in legs.items()},
+                "lag": {name: seconds_quantiles(values) for name, values in legs.items()},
             }
         )
     )

@@ -54,7 +54,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, drain_throughput, fresh_database, quantiles
+from _common import BASE_DSN, drain_throughput, fresh_database, quantiles, seconds_quantiles
 from _cpu import CpuMeter, postmaster_pid
 
 from pin_pipelines.config import Settings, dagster_pg_url_from, dsn_with_dbname
@@ -766,18 +766,6 @@ def edit_load(
     out.put(results)
 
 
-def _seconds(values: list[float]) -> dict[str, Any] | None:
-    if not values:
-        return None
-    q = quantiles(values)
-    return {
-        "n": q["n"],
-        "p50_s": round(q["p50_ms"] / 1000, 2),
-        "p99_s": round(q["p99_ms"] / 1000, 2),
-        "max_s": round(max(values), 2),
-    }
-
-
 @contextmanager
 def serving(dsn: str, label: str, private: Private) -> Iterator[None]:
     """`pin serve` on `dsn` with a private DAGSTER_HOME, storage database (`<database>_dagster`)
@@ -975,9 +963,9 @@ def under_load(
         "edit_rate": round(len(found.committed) / seconds, 2),
         "warmup_seconds": warmup_seconds,
         "minutes_measured": minutes,
-        "lag_isolated_edit": _seconds(found.lag_isolated),
-        "lag_any_edit": _seconds(found.lag_any),
-        "delay_after_due": _seconds(found.delay_after_due),
+        "lag_isolated_edit": seconds_quantiles(found.lag_isolated, with_max=True),
+        "lag_any_edit": seconds_quantiles(found.lag_any, with_max=True),
+        "delay_after_due": seconds_quantiles(found.delay_after_due, with_max=True),
         "unresolved_edits": found.unresolved,
         "recalculated_per_s": round((end["recalculated"] - first["recalculated"]) / elapsed, 2),
         "relayed_per_s": round((end["relayed"] - first["relayed"]) / elapsed, 2),
@@ -990,7 +978,7 @@ def under_load(
     if per_minute:
         out["minutes"] = rows
         out["lag_by_minute"] = [
-            {"minute": m_, **(_seconds(v) or {})}
+            {"minute": m_, **(seconds_quantiles(v, with_max=True) or {})}
             for m_, v in sorted(_by_minute(found.resolved, started).items())
         ]
         out["verdict"] = soak_verdict(rows)
