@@ -124,7 +124,7 @@ def drain_tick(
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with (
         tracer().start_as_current_span(
-            "recalc.tick", attributes={"correlation_id": summary.correlation_id}
+            "recalc.tick", attributes={"correlationId": summary.correlation_id}
         ),
         connection(dsn) as conn,
     ):
@@ -223,6 +223,17 @@ class _Claim:
             "last_reason": self.last_reason,
         }
 
+    def span_attributes(self, correlation_id: str) -> dict[str, str | int]:
+        """The project span's attributes, named as spec 000 names them (the log lines keep the
+        snake_case of every other JSON field)."""
+        return {
+            "correlationId": correlation_id,
+            "ProjectId": str(self.project_id),
+            "TenantId": str(self.tenant_id),
+            "LastReason": self.last_reason,
+            "AttemptCount": self.attempt_count,
+        }
+
 
 @dataclass(frozen=True)
 class _LockedProject:
@@ -300,7 +311,7 @@ def _process_next(
     started = time.perf_counter()
     attempt_running.set()
     span = tracer().start_as_current_span(
-        "recalc.project", attributes={**fields, "attempt_count": claim.attempt_count}
+        "recalc.project", attributes=claim.span_attributes(correlation_id)
     )
     try:
         with span:

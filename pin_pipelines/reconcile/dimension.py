@@ -156,8 +156,9 @@ class VersionsBehind:
     checked: int
     #: Rows with a lower SourceVersion than the source's version.
     stale: list[UUID]
-    #: Groups without a row. Not necessarily late: the drain publishes a group only when its
-    #: counters change, so a group without layouts was never published.
+    #: Groups without a row. Not necessarily late: a new group is published once its project
+    #: is drained (after the debounce), and a group that had no layouts before migration 0008
+    #: only when its project is next drained (issue 13; a repair publishes it at once).
     missing: list[UUID]
     #: Of both, the groups whose version was written longer ago than the grace: events that
     #: should have been visible by now.

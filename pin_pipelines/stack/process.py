@@ -6,6 +6,7 @@ is-alive and stop-with-grace, and a supervisor daemon would be one more process 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -144,3 +145,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_run(length: int) -> int:
+    """The first of `length` consecutive loopback ports free right now: a private cluster's
+    nodes take their ports from one base (a broker and its controller, a server's native,
+    HTTP and interserver ports)."""
+    while True:
+        base = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + length):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base

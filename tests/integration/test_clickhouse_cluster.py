@@ -1,11 +1,17 @@
 """Issue 17: spec 003's dimension on a replicated, sharded ClickHouse cluster.
 
-The local cluster of `pin stack up --clickhouse-cluster` (ZooKeeper; shard 1 = s1r1 + s1r2, shard
-2 = s2r1), real Kafka and PostgreSQL. The spec's behaviour tests run on it from
-test_devstats_loader.py; these cover what only a cluster has: the ON CLUSTER migration, sharding,
-a replica killed with -9 while the loader runs, a whole shard down, ZooKeeper down, and the
-reconciliation asset and check on the Distributed table. A test that kills a server or ZooKeeper
-brings it back in `finally`, so the session's cluster is whole for the next test.
+ZooKeeper and three Debian clickhouse-server 18.16 (shard 1 = s1r1 + s1r2, shard 2 = s2r1), real
+Kafka and PostgreSQL. The spec's behaviour tests run on the local cluster of `pin stack up
+--clickhouse-cluster` from test_devstats_loader.py; these cover what only a cluster has: the ON
+CLUSTER migration, sharding, a replica killed with -9 while the loader runs, a whole shard down,
+ZooKeeper down, `pin stack down`, and the reconciliation asset and check on the Distributed table.
+
+Tests that only read the stack's cluster or write groups of their own use it (`clickhouse_cluster`).
+Tests that kill a server or ZooKeeper, stop the cluster, or swap or empty the dimension use this
+module's own cluster (`cluster`: the same topology on free ports in a temporary folder, started
+once): the stack's cluster is a shared service that other test sessions on the machine load into
+meanwhile. A test that kills a process of the module's cluster brings it back in `finally`, so it
+is whole for the next test; it is stopped at the end of the module.
 """
 
 from __future__ import annotations
@@ -37,11 +43,20 @@ from pin_pipelines.defs.reconcile.assets import dim_layout_group_drift as drift_
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.devstats.dim import TABLE, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
-from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_once
+from pin_pipelines.devstats.loader import (
+    LoadOptions,
+    LoadSummary,
+    load_continuously,
+    load_once,
+)
 from pin_pipelines.errors import PinError
 from pin_pipelines.reconcile import dim_layout_group_drift, reconcile
-from pin_pipelines.stack.clickhouse_cluster import ClusterNode, LocalClickHouseCluster
-from pin_pipelines.stack.process import pid_alive, read_pid
+from pin_pipelines.stack.clickhouse_cluster import (
+    DEFAULT_CLUSTER,
+    ClusterNode,
+    LocalClickHouseCluster,
+)
+from pin_pipelines.stack.process import free_port_run, pid_alive, port_open, read_pid, wait_until
 from tests.integration.clickhouse_fixtures import cluster_in_sync, settings_for
 from tests.integration.test_devstats_dagster import end_offsets
 from tests.integration.test_reconcile import small_project
@@ -107,7 +122,7 @@ def current_versions(url: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
             for gid, version in ch.rows(
                 f"SELECT LayoutGroupId, argMax(SourceVersion, (UpsertedAt, SourceVersion)) "
                 f"FROM {TABLE} WHERE LayoutGroupId IN %(ids)s GROUP BY LayoutGroupId",
-                {"ids": ids},
+                {"ids": tuple(ids)},
             )
         }
 
@@ -126,14 +141,34 @@ def load_until_done(settings: Settings, options: LoadOptions, runs: int = 4) -> 
     raise AssertionError(f"the loader did not catch up in {runs} runs: {errors}")
 
 
-@pytest.fixture
-def cluster(clickhouse_cluster: LocalClickHouseCluster) -> Iterator[LocalClickHouseCluster]:
-    """The session's cluster; every server and ZooKeeper running again after the test."""
+@pytest.fixture(scope="module")
+def private_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalClickHouseCluster]:
+    """This module's own cluster (ports: a free run of 24 from its base, see
+    stack/clickhouse_cluster.py), started from an empty folder as `pin stack up
+    --clickhouse-cluster` does and migrated ON CLUSTER; every process stopped at the end."""
+    nodes = LocalClickHouseCluster(
+        DEFAULT_CLUSTER, tmp_path_factory.mktemp("state"), base_port=free_port_run(24)
+    )
     try:
-        yield clickhouse_cluster
+        nodes.up()
+        with open_clickhouse(nodes.url()) as ch:
+            migrate_clickhouse(ch, nodes.name)
+        cluster_in_sync(nodes)
+        yield nodes
     finally:
-        clickhouse_cluster.up()
-        cluster_in_sync(clickhouse_cluster)
+        nodes.down()
+
+
+@pytest.fixture
+def cluster(private_cluster: LocalClickHouseCluster) -> Iterator[LocalClickHouseCluster]:
+    """The module's cluster; every server and ZooKeeper running again after the test."""
+    try:
+        yield private_cluster
+    finally:
+        private_cluster.up()
+        cluster_in_sync(private_cluster)
 
 
 # --- schema and sharding -----------------------------------------------------------------------
@@ -151,15 +186,15 @@ SPEC_COLUMNS = [
 
 
 def test_the_migration_is_idempotent_on_the_cluster_and_keeps_the_spec_table(
-    cluster: LocalClickHouseCluster,
+    clickhouse_cluster: LocalClickHouseCluster,
 ) -> None:
     """Tried: migrating again from each server (the session migrated from s1r1 already). Nothing
     is created twice, and every server has the spec's dimension as a Distributed table sharded by
     a hash of LayoutGroupId over a ReplicatedReplacingMergeTree(UpsertedAt) table with the spec's
     columns and ORDER BY; a server without the cluster is refused with one line."""
-    for node in cluster.nodes:
+    for node in clickhouse_cluster.nodes:
         with open_clickhouse(node.url) as ch:
-            assert migrate_clickhouse(ch, cluster.name) == []
+            assert migrate_clickhouse(ch, clickhouse_cluster.name) == []
             for table in (TABLE, LOCAL):
                 assert (
                     ch.rows(
@@ -169,13 +204,13 @@ def test_the_migration_is_idempotent_on_the_cluster_and_keeps_the_spec_table(
                     )
                     == SPEC_COLUMNS
                 )
-            engines = dict(
+            engines: dict[str, str] = dict(
                 ch.rows(
                     "SELECT name, engine_full FROM system.tables WHERE database = 'pin_dev_stats'"
                 )
             )
         assert engines[TABLE.split(".")[1]] == (
-            f"Distributed({cluster.name}, pin_dev_stats, dim_layout_group_local, "
+            f"Distributed({clickhouse_cluster.name}, pin_dev_stats, dim_layout_group_local, "
             "cityHash64(toString(LayoutGroupId)))"
         )
         assert engines[LOCAL.split(".")[1]].startswith(
@@ -186,11 +221,11 @@ def test_the_migration_is_idempotent_on_the_cluster_and_keeps_the_spec_table(
         open_clickhouse("clickhouse://default@127.0.0.1:9000/pin_dev_stats") as single,
         pytest.raises(PinError, match="has no such cluster in its remote_servers"),
     ):
-        migrate_clickhouse(single, cluster.name)
+        migrate_clickhouse(single, clickhouse_cluster.name)
 
 
 def test_pin_stack_and_pin_db_migrate_know_the_cluster(
-    cluster: LocalClickHouseCluster, pg_dsn: str
+    clickhouse_cluster: LocalClickHouseCluster, pg_dsn: str
 ) -> None:
     """Tried through the `pin` command: `stack up --clickhouse-cluster` on the running cluster,
     `stack status` without the flag, `db migrate` with PIN_CLICKHOUSE_CLUSTER pointed at s1r2,
@@ -213,8 +248,8 @@ def test_pin_stack_and_pin_db_migrate_know_the_cluster(
 
     env = {
         "PIN_PG_DSN": pg_dsn,
-        "PIN_CLICKHOUSE_URL": cluster.url("s1r2"),
-        "PIN_CLICKHOUSE_CLUSTER": cluster.name,
+        "PIN_CLICKHOUSE_URL": clickhouse_cluster.url("s1r2"),
+        "PIN_CLICKHOUSE_CLUSTER": clickhouse_cluster.name,
     }
     assert summary(run_pin("db", "migrate", env=env))["clickhouse_applied"] == []
     lone_server = {**env, "PIN_CLICKHOUSE_URL": "clickhouse://default@127.0.0.1:9000/pin_dev_stats"}
@@ -250,8 +285,52 @@ def test_a_single_node_table_under_the_dimension_name_stops_the_migration(
     assert "docs/runbook.md" in str(caught.value)
 
 
-def test_every_version_of_a_group_lives_on_one_shard(
+def test_a_migration_with_a_server_down_is_queued_for_it_and_runs_when_it_is_back(
     cluster: LocalClickHouseCluster,
+) -> None:
+    """Tried: s1r2 loses its tables (dropped on it alone, a replacement server's empty disk) and
+    is stopped; the migration runs from s1r1 with a 2 s DDL timeout. Every statement waits its
+    2 s (not the client's 60 s receive timeout, which would blame s1r1 as unreachable), the
+    migration fails in one line saying the statements stay queued, and sends all of them. s1r2,
+    started again, runs the queue in order: it has both tables, and its replica fetches what its
+    shard holds. A re-run then creates nothing."""
+    s1r1, s1r2 = cluster.node("s1r1"), cluster.node("s1r2")
+    with open_clickhouse(s1r1.url) as ch:
+        insert_events(ch, [parse_event(json.dumps(Group().event(1)).encode()) for _ in range(10)])
+    cluster_in_sync(cluster)
+    with open_clickhouse(s1r2.url) as ch:
+        ch.command(f"DROP TABLE {TABLE}")
+        ch.command(f"DROP TABLE {LOCAL}")
+    s1r2.down()
+
+    started = time.monotonic()
+    with open_clickhouse(s1r1.url) as ch, pytest.raises(PinError) as caught:
+        migrate_clickhouse(ch, cluster.name, ddl_timeout=2)
+    message = str(caught.value)
+    assert time.monotonic() - started < 30
+    assert "\n" not in message and message.startswith(
+        f"3 ON CLUSTER statement(s) did not run on every server of {cluster.name} within 2 s; "
+        "they stay queued in ZooKeeper"
+    ), message
+    assert "Code: 159." in message and "distributed_ddl_task_timeout (=2)" in message
+
+    s1r2.up()
+    with open_clickhouse(s1r2.url) as ch:
+        wait_until(
+            lambda: (
+                len(ch.rows("SELECT 1 FROM system.tables WHERE database = 'pin_dev_stats'")) == 2
+            ),
+            timeout=60,
+            what="s1r2 running the queued migration",
+        )
+    cluster_in_sync(cluster)
+    assert local_versions(s1r1) and local_versions(s1r2) == local_versions(s1r1)
+    with open_clickhouse(s1r2.url) as ch:
+        assert migrate_clickhouse(ch, cluster.name) == []
+
+
+def test_every_version_of_a_group_lives_on_one_shard(
+    clickhouse_cluster: LocalClickHouseCluster,
     loader_options: LoadOptions,
     kafka_bootstrap: str,
     tmp_path: Path,
@@ -260,29 +339,31 @@ def test_every_version_of_a_group_lives_on_one_shard(
     rows are on one shard only (both shards hold some), shard 1's replicas agree, and the argMax
     read gives version 3 from every server."""
     history = [Group() for _ in range(40)]
-    settings = settings_for(cluster.url("s2r1"), kafka_bootstrap, tmp_path)
+    settings = settings_for(clickhouse_cluster.url("s2r1"), kafka_bootstrap, tmp_path)
     for version in (1, 2, 3):
         produce_events(kafka_bootstrap, loader_options.topic, [g.event(version) for g in history])
         assert load_once(settings, loader_options).inserted == 40
-    cluster_in_sync(cluster)
+    cluster_in_sync(clickhouse_cluster)
 
     ids = {g.id for g in history}
     shard_of: dict[uuid.UUID, set[int]] = {}
-    for node in (cluster.node("s1r1"), cluster.node("s2r1")):
+    for node in (clickhouse_cluster.node("s1r1"), clickhouse_cluster.node("s2r1")):
         for gid in local_versions(node).keys() & ids:
             shard_of.setdefault(gid, set()).add(node.replica.shard)
     assert shard_of.keys() == ids
     assert all(len(shards) == 1 for shards in shard_of.values())
     assert {next(iter(s)) for s in shard_of.values()} == {1, 2}
-    assert local_versions(cluster.node("s1r1")) == local_versions(cluster.node("s1r2"))
-    for node in cluster.nodes:
+    assert local_versions(clickhouse_cluster.node("s1r1")) == local_versions(
+        clickhouse_cluster.node("s1r2")
+    )
+    for node in clickhouse_cluster.nodes:
         assert current_versions(node.url, sorted(ids)) == dict.fromkeys(ids, 3)
         with open_clickhouse(node.url) as ch:  # the guard: ids as an external table, every shard
             assert stored_versions(ch, ids) == {gid.int: 3 for gid in ids}
 
 
 def test_a_batch_sent_again_is_stored_once(
-    cluster: LocalClickHouseCluster, clickhouse_cluster_url: str
+    clickhouse_cluster: LocalClickHouseCluster, clickhouse_cluster_url: str
 ) -> None:
     """Tried: the same batch of 50 events (both shards) inserted twice through the Distributed
     table, as a retry does when the guard could not see the first insert land. 18.16 has no
@@ -290,16 +371,16 @@ def test_a_batch_sent_again_is_stored_once(
     its hash and stores it once, on every replica."""
     history = [Group() for _ in range(50)]
     events = [parse_event(json.dumps(g.event(1)).encode()) for g in history]
-    duplicates_before = duplicated_blocks(cluster)
+    duplicates_before = duplicated_blocks(clickhouse_cluster)
     with open_clickhouse(clickhouse_cluster_url) as ch:
         assert not ch.deduplicates_inserts  # no token on 18.16: the block hash alone
         for _ in range(2):
             insert_events(ch, events)
             ch.confirm_insert()
     # One block per shard was recognised (not merged away later, which would also leave one row).
-    assert duplicated_blocks(cluster) - duplicates_before == 2
-    cluster_in_sync(cluster)
-    for node in cluster.nodes:
+    assert duplicated_blocks(clickhouse_cluster) - duplicates_before == 2
+    cluster_in_sync(clickhouse_cluster)
+    for node in clickhouse_cluster.nodes:
         with open_clickhouse(node.url) as ch:
             stored = [physical_rows(ch, g.id) for g in history]
         assert stored == [[(1, "Студии v1")]] * 50, node.replica.name
@@ -308,16 +389,20 @@ def test_a_batch_sent_again_is_stored_once(
 # --- faults ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("loader", [load_once, load_continuously], ids=["once", "continuous"])
 def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
     cluster: LocalClickHouseCluster,
     loader_options: LoadOptions,
     kafka_bootstrap: str,
     tmp_path: Path,
+    loader: Callable[[Settings, LoadOptions], LoadSummary],
 ) -> None:
-    """Tried: 9,000 events (300 groups × 30 versions) loaded through s2r1 in batches of 100; the
-    replica of shard 1 that takes the loader's inserts (s1r1 by remote_servers order, unless s2r1
-    still avoids it after an earlier failure) gets SIGKILL as soon as the first insert reaches it,
-    and is started again a second later, while the loader runs. The interrupted insert is retried
+    """Tried: 9,000 events (300 groups × 30 versions) loaded through s2r1 in batches of 100, by a
+    bounded cycle (`pin devstats load --once`) and by the continuous loader of the long-lived
+    load runs (`pin devstats load`, stopped once its offsets reach the topic's end); the replica
+    of shard 1 that takes the loader's inserts (s1r1 by remote_servers order, unless s2r1 still
+    avoids it after an earlier failure) gets SIGKILL as soon as the first insert reaches it, and
+    is started again a second later, while the loader runs. The interrupted insert is retried
     and the inserts go on on the other replica (a run that runs out of retries is followed by
     another, as the sensor does); the runs end with every offset committed. Once the killed
     replica is back and caught up, both replicas hold the same rows and every server reads the
@@ -330,6 +415,7 @@ def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
     )
     settings = settings_for(cluster.url("s2r1"), kafka_bootstrap, tmp_path)
     options = replace(loader_options, batch_size=100, attempts=5, backoff_seconds=0.5)
+    stop = threading.Event()  # the continuous loader's SIGTERM
     shard_1 = [cluster.node("s1r1"), cluster.node("s1r2")]
     inserts_before = {node.replica.name: insert_queries(node) for node in shard_1}
     outcome: list[LoadSummary | Exception] = []
@@ -337,11 +423,15 @@ def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
 
     def load() -> None:
         try:
-            outcome.append(load_once(settings, options))
+            outcome.append(loader(settings, replace(options, should_stop=stop.is_set)))
         except Exception as exc:  # handed to the test's thread
             outcome.append(exc)
         finally:
             finished.set()
+
+    def all_committed() -> bool:
+        ends = end_offsets(kafka_bootstrap, options.topic)
+        return committed(kafka_bootstrap, options.topic, options.group) == ends
 
     loading = threading.Thread(target=load)
     loading.start()
@@ -356,7 +446,10 @@ def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
         assert not finished.is_set(), "the loader ended before the kill: make the load longer"
         time.sleep(1.0)
         victim.up()
+        # A continuous load runs on: until it has committed the whole topic, or failed.
+        wait_until(lambda: finished.is_set() or all_committed(), timeout=120, what="the load")
     finally:
+        stop.set()
         loading.join(timeout=300)
     assert not loading.is_alive()
     [first_run] = outcome
@@ -398,8 +491,8 @@ def test_a_whole_shard_down_fails_the_load_in_one_line_and_commits_nothing_unsto
         load_once(settings, loader_options)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("ClickHouse server at 127.0.0.1:9301: Code: 279. ")
-    assert "Connection refused (127.0.0.1:9303)" in message
+    assert message.startswith(f"ClickHouse server at {cluster.node('s1r1').address}: Code: 279. ")
+    assert f"Connection refused ({cluster.node('s2r1').address})" in message
     assert "gave up after 3 attempts" in message and "offsets are not committed" in message
     assert committed(kafka_bootstrap, loader_options.topic, loader_options.group) == before
 
@@ -448,19 +541,52 @@ def test_zookeeper_down_fails_inserts_and_reads_go_on(
     assert current_versions(settings.clickhouse_url, [group.id]) == {group.id: 2}
 
 
+def test_pin_stack_down_stops_zookeeper_and_every_server_and_status_forgets_them(
+    cluster: LocalClickHouseCluster, tmp_path: Path
+) -> None:
+    """Tried: `pin stack down` without a flag, on the state folder of the module's cluster (the
+    stack's own cluster is shared, so no test stops it; down finds a cluster by its pid files,
+    whatever its ports). It reports the three servers by shard and replica and ZooKeeper as
+    stopped, their processes are gone and their ports closed, and `pin stack status` then lists
+    none of them. The fixture starts them again."""
+    env = {
+        "PIN_STATE_DIR": str(cluster.root.parent),
+        "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",  # no server of its own to stop
+        "PIN_CLICKHOUSE_CLUSTER": "",
+    }
+    pids = [read_pid(cluster.zookeeper.pidfile), *(read_pid(n.pidfile) for n in cluster.nodes)]
+    assert None not in pids
+    down = summary(run_pin("stack", "down", env=env))["services"]
+    assert [
+        (s["service"], s.get("shard"), s.get("replica"), s["state"])
+        for s in down
+        if s["service"] in ("zookeeper", "clickhouse-cluster")
+    ] == [
+        ("clickhouse-cluster", 1, "s1r1", "stopped"),
+        ("clickhouse-cluster", 1, "s1r2", "stopped"),
+        ("clickhouse-cluster", 2, "s2r1", "stopped"),
+        ("zookeeper", None, None, "stopped"),
+    ]
+    assert not any(pid_alive(pid) for pid in pids if pid is not None)
+    ports = [cluster.zookeeper.port, *(n.address.port for n in cluster.nodes)]
+    assert [port for port in ports if port_open("127.0.0.1", port)] == []
+    status = summary(run_pin("stack", "status", env=env))["services"]
+    assert [s for s in status if s["service"] in ("zookeeper", "clickhouse-cluster")] == []
+
+
 # --- reconciliation on the Distributed table ---------------------------------------------------
 
 
 @pytest.fixture
 def settings(
-    pg_dsn: str, clickhouse_cluster_url: str, kafka_bootstrap: str, tmp_path: Path
+    pg_dsn: str, cluster: LocalClickHouseCluster, kafka_bootstrap: str, tmp_path: Path
 ) -> Settings:
-    """The pipeline fixture's settings (tests/integration/conftest.py), on the cluster."""
+    """The pipeline fixture's settings (tests/integration/conftest.py), on the module's cluster."""
     return Settings.from_env(
         {
             "PIN_PG_DSN": pg_dsn,
-            "PIN_CLICKHOUSE_URL": clickhouse_cluster_url,
-            "PIN_CLICKHOUSE_CLUSTER": "pin",
+            "PIN_CLICKHOUSE_URL": cluster.url(),
+            "PIN_CLICKHOUSE_CLUSTER": cluster.name,
             "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
             "PIN_STATE_DIR": str(tmp_path),
         }
@@ -468,12 +594,11 @@ def settings(
 
 
 @pytest.fixture
-def empty_cluster_dimension(
-    clickhouse_cluster: LocalClickHouseCluster, clickhouse_cluster_url: str
-) -> Iterator[ClickHouse]:
-    """Other tests' groups are not this test's drift: every shard's table emptied."""
-    with open_clickhouse(clickhouse_cluster_url) as ch:
-        ch.command(f"TRUNCATE TABLE {LOCAL} ON CLUSTER {clickhouse_cluster.name}")
+def empty_cluster_dimension(cluster: LocalClickHouseCluster) -> Iterator[ClickHouse]:
+    """Other tests' groups are not this test's drift: every shard's table emptied (the module's
+    cluster: on the stack's, other sessions' groups would vanish under their tests)."""
+    with open_clickhouse(cluster.url()) as ch:
+        ch.command(f"TRUNCATE TABLE {LOCAL} ON CLUSTER {cluster.name}")
         yield ch
 
 

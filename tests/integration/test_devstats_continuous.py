@@ -1,6 +1,7 @@
 """The continuous loader as real processes (`pin devstats load` without --once, each aimed at a
 topic and group of its test): the readers answered while it runs on the embedded engine, a clean
-stop on SIGTERM, and two loaders handing over on both ClickHouse paths while events flow.
+stop on SIGTERM, and two loaders handing over while events flow on every ClickHouse path (the
+embedded engine, a server, and the local cluster with PIN_CLICKHOUSE_CLUSTER).
 
 A loader process is the `pin` command's own `main`, with `load_continuously` aimed at the test's
 topic (the contract topic and the loader's group are shared by every test session on the
@@ -38,6 +39,7 @@ from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.devstats.freshness import unloaded_events
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.metrics import devstats as devstats_metrics
+from pin_pipelines.stack.clickhouse_cluster import DEFAULT_CLUSTER
 from tests.integration.clickhouse_fixtures import engine_url
 from tests.integration.test_devstats_dagster import end_offsets
 from tests.support.cli import run_pin, summary
@@ -282,31 +284,39 @@ def test_sigterm_stores_and_commits_the_batch_in_hand_and_exits_0(
 # --- hand-over: two loaders overlapping while events flow -------------------------------------
 
 
-@pytest.fixture(params=["embedded", "server"])
-def handover_url(request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str) -> str:
-    """The embedded folder of this test, or the shared server (its groups are this test's own)."""
+@pytest.fixture(params=["embedded", "server", "cluster"])
+def handover_env(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str
+) -> dict[str, str]:
+    """The loaders' settings on the embedded folder of this test, the shared server, or the
+    stack's local cluster with PIN_CLICKHOUSE_CLUSTER set as a cluster deployment has it (the
+    Distributed dimension, issue 17); on the shared ones the groups are this test's own."""
     if request.param == "embedded":
         url = f"chdb://{tmp_path / 'chdb'}"
         summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
-        return url
-    return engine_url(request)
+    else:
+        url = engine_url(request)
+    env = loader_env(url, kafka_bootstrap, pg_dsn, tmp_path)
+    if request.param == "cluster":
+        env["PIN_CLICKHOUSE_CLUSTER"] = DEFAULT_CLUSTER
+    return env
 
 
 def test_two_loaders_hand_over_while_events_flow_without_loss_or_reordering(
-    handover_url: str,
+    handover_env: dict[str, str],
     loader_options: LoadOptions,
     kafka_bootstrap: str,
-    pg_dsn: str,
     tmp_path: Path,
 ) -> None:
     """Tried: 20 groups get versions 1, 2, 3, … produced continuously (a few thousand events over
     ~12 s) while loader A runs, loader B starts beside it (they split the partitions), A stops
     (SIGTERM) and B goes on alone; on chdb B first sends its statements to A, then takes the
-    folder over. A reader polls the dimension throughout. The dimension ends exact (every
-    group's argMax version is its last), no reader ever saw a group's version go back, every
-    offset is committed, both loaders exit 0 within seconds of SIGTERM, and together they
-    inserted every group's last version."""
-    env = loader_env(handover_url, kafka_bootstrap, pg_dsn, tmp_path)
+    folder over; on the cluster both insert through the Distributed table. A reader polls the
+    dimension throughout. The dimension ends exact (every group's argMax version is its last), no
+    reader ever saw a group's version go back, every offset is committed, both loaders exit 0
+    within seconds of SIGTERM, and together they inserted every group's last version."""
+    env = handover_env
+    handover_url = env["PIN_CLICKHOUSE_URL"]
     groups = [Group() for _ in range(20)]
     last = dict.fromkeys((g.id for g in groups), 0)
     seen: dict[uuid.UUID, int] = {}

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,7 +54,7 @@ from pin_pipelines.migrate import migrate_all
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
-from pin_pipelines.stack.process import free_port, read_pid, wait_until
+from pin_pipelines.stack.process import free_port_run, read_pid, wait_until
 from tests.integration.test_outbox_relay import ROOT, TOPICS, outbox_count
 from tests.integration.test_relay_exactly_once import assert_exactly_once_in_order, backlog
 from tests.support.cli import PIN, assert_one_line_error
@@ -66,26 +65,12 @@ NODES = 3
 CLICKHOUSE_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
 
 
-def _free_run(length: int) -> int:
-    """A loopback port starting `length` free consecutive ports (brokers and controllers)."""
-    while True:
-        base = free_port()
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + length):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
     root = tmp_path_factory.mktemp("kafka-cluster")
     nodes = LocalKafkaCluster(
         Settings.from_env(
-            {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{_free_run(6)}"}
+            {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port_run(6)}"}
         ),
         NODES,
     )

@@ -246,14 +246,21 @@ def test_no_false_positives_on_1000_random_projects_and_their_dimension(
     assert drift.rows == [], drift.rows[:5]
     assert drift.checked["project"] > 700 and drift.checked["layout"] > 2000
 
-    # Groups that never changed a counter were never published: that is real dimension drift
-    # (missing rows), healed by one repair; after it the dimension is exactly its source.
+    # Every group of a live project is published once it exists, with or without layouts
+    # (issue 13). The groups of projects created archived were not: spec 000 makes a drain of
+    # an archived project a no-op. They are real dimension drift (the row lives as long as the
+    # group), nothing else, and one repair heals it; after it the dimension is exactly its source.
     first = reconcile(settings, repair=True)
     assert first.as_dict()["projects_drifted"] == 0
-    assert set(first.dim.kinds.values()) <= {"missing"}
+    retired_groups = db.execute(
+        "SELECT g.id FROM chessboard.layout_groups g JOIN chessboard.projects p"
+        " ON p.id = g.project_id WHERE p.status = 'Archived' OR p.deleted_at IS NOT NULL"
+    ).fetchall()
+    assert retired_groups
+    assert first.dim.kinds == {g: "missing" for (g,) in retired_groups}
     run()
     second = reconcile(settings).as_dict()
-    assert (second["projects_drifted"], second["dim_rows_drifted"]) == (0, 0)
+    assert (second["projects_drifted"], second["dim_rows_drifted"]) == (0, 0), second
     groups = db.execute("SELECT count(*) FROM chessboard.layout_groups").fetchone()
     assert groups is not None and second["dim_rows_checked"] == groups[0]
 
@@ -354,9 +361,9 @@ def test_versions_check_fails_only_for_rows_behind_past_the_sla(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """dim_layout_group_versions_current, run as its schedule runs it: a row with an older
-    SourceVersion fails the check once its group changed more than the 5-minute SLA ago. A group
-    changed just now is on its way; a group without a row is counted, not failed (a group without
-    layouts is never published); a row at the source's version with another name is the drift
+    SourceVersion, and a group without any row, fail the check once the group changed more than
+    the 5-minute SLA ago (every group is published once it exists, even without layouts). A group
+    changed just now is on its way; a row at the source's version with another name is the drift
     asset's business."""
     ids = small_project(db)
     in_sync, stale, renamed = ids["studios"], ids["lux"], make_layout_group(db, ids["project"])
@@ -395,19 +402,28 @@ def test_versions_check_fails_only_for_rows_behind_past_the_sla(
         assert (facts["rows_behind"], facts["rows_behind_past_sla"]) == (1, 1)
         assert facts["behind_past_sla_ids"] == [str(stale)]
         assert (facts["groups_missing"], facts["groups_missing_past_sla"]) == (2, 1)
+        assert facts["missing_past_sla_ids"] == [str(missing_old)]
 
-        # The late event arrives: the check passes, the groups without a row are still counted.
-        source = db.execute(
-            "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
-            " FROM chessboard.layout_groups WHERE id = %s",
-            (stale,),
-        ).fetchone()
-        assert source is not None
-        insert_dim_row(ch, (*source, datetime.now(UTC)))  # a later UpsertedAt wins argMax
+        def arrives(group: UUID) -> None:
+            source = db.execute(
+                "SELECT id, project_id, tenant_id, name, sort_order, is_archived::int, version"
+                " FROM chessboard.layout_groups WHERE id = %s",
+                (group,),
+            ).fetchone()
+            assert source is not None
+            insert_dim_row(ch, (*source, datetime.now(UTC)))  # a later UpsertedAt wins argMax
+
+        # The late event arrives: the row is current, the group past the SLA still fails it.
+        arrives(stale)
         [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
-        assert check.passed
+        assert not check.passed
         assert check.metadata["rows_behind"].value == 0
         assert check.metadata["groups_missing_past_sla"].value == 1
+        # Its event arrives too: the check passes; the group changed just now is still counted.
+        arrives(missing_old)
+        [check] = job.execute_in_process(instance=instance).get_asset_check_evaluations()
+        assert check.passed
+        assert check.metadata["groups_missing"].value == 1
 
 
 def test_a_dimension_row_without_source_group_is_reported_not_deleted(

@@ -77,12 +77,12 @@ def test_drain_spans_reach_an_otlp_http_endpoint_with_the_spec_attributes(db, pg
         (span,) = otlp.wait_for("recalc.project")
     assert summary["processed"] == 1
     assert otlp.content_types == {"application/x-protobuf"}
-    assert tick.attributes["correlation_id"] == summary["correlation_id"]
+    assert tick.attributes["correlationId"] == summary["correlation_id"]
     assert (span.trace_id, span.parent_span_id) == (tick.trace_id, tick.span_id)
     assert span.service_name == "pin-test"
-    assert span.attributes["project_id"] == str(project)
-    assert span.attributes["tenant_id"] == str(tenant)
-    assert span.attributes["last_reason"] == reason
+    assert span.attributes["ProjectId"] == str(project)
+    assert span.attributes["TenantId"] == str(tenant)
+    assert span.attributes["LastReason"] == reason
     traceparents = {
         tp.rsplit("-", 1)[0]  # the flags (sampled, random trace id) are the SDK's to set
         for (tp,) in db.execute("SELECT traceparent FROM chessboard.outbox_events").fetchall()

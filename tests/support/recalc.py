@@ -98,6 +98,22 @@ def failing_recalc(conn: psycopg.Connection, project_id: UUID, message: str) -> 
 
 
 @contextmanager
+def failing_on_request(conn: psycopg.Connection) -> Iterator[None]:
+    """A test-only trigger that RAISEs when a queue row's request count goes up, i.e. when a
+    raiser enqueues a project that is already queued. Inside a drain's project transaction the
+    row is the one being drained, so a raiser fired by the drain's own writes fails that project
+    (which the drain's later delete of the row would otherwise hide)."""
+    with _test_trigger(
+        conn,
+        "test_fail_on_request",
+        "project_recalc_requests",
+        "IF NEW.requested_count > OLD.requested_count THEN"
+        " RAISE EXCEPTION 'a recalc request was raised for %', NEW.project_id; END IF;",
+    ):
+        yield
+
+
+@contextmanager
 def slow_recalc(
     conn: psycopg.Connection, seconds: float, table: str = "projects"
 ) -> Iterator[None]:

@@ -13,7 +13,10 @@ from pin_pipelines.reconcile import versions_behind
 
 @dg.asset_check(
     asset=dim_layout_group,
-    description="Fails when an event has waited in the topic longer than the 5-minute SLA.",
+    description=(
+        "Fails when an event not loaded yet was created (its outbox row: the message's "
+        "timestamp) longer ago than the 5-minute SLA."
+    ),
 )
 def dim_layout_group_fresh(pin: PinSettings) -> dg.AssetCheckResult:
     lag = unloaded_events(pin.get())
@@ -54,12 +57,17 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
     with open_clickhouse(settings.clickhouse_url) as ch:
         found = versions_behind(settings.pg_dsn, ch, FRESHNESS_SLA_SECONDS)
     late = found.stale_overdue
+    missing_late = found.missing_overdue
+    problems = [
+        f"{len(late)} row(s) behind the source past the SLA" if late else "",
+        f"{len(missing_late)} group(s) without a row past the SLA" if missing_late else "",
+    ]
     return dg.AssetCheckResult(
-        passed=not late,
+        passed=not late and not missing_late,
         description=(
-            f"{len(late)} row(s) behind the source past the SLA: check the relay and the loader "
-            "runs, then materialize dim_layout_group_drift with repair: true"
-            if late
+            "; ".join(p for p in problems if p) + ": check the relay and the loader runs, then "
+            "materialize dim_layout_group_drift with repair: true"
+            if late or missing_late
             else None
         ),
         metadata={
@@ -67,10 +75,11 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
             "rows_behind": len(found.stale),
             "rows_behind_past_sla": len(late),
             "behind_past_sla_ids": id_list(late),
-            # Groups never published (no layouts yet) land here too: dim_layout_group_drift
-            # lists them and its repair publishes them.
+            # A group is published once it exists (issue 13), so one without a row past the SLA
+            # is as late as a stale row; dim_layout_group_drift's repair publishes it.
             "groups_missing": len(found.missing),
-            "groups_missing_past_sla": len(found.missing_overdue),
+            "groups_missing_past_sla": len(missing_late),
+            "missing_past_sla_ids": id_list(missing_late),
             "sla_seconds": FRESHNESS_SLA_SECONDS,
         },
     )
