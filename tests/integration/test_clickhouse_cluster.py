@@ -468,16 +468,20 @@ def test_kill_9_of_a_replica_while_the_loader_runs_loses_no_event(
     assert committed(kafka_bootstrap, options.topic, options.group) == ends
 
 
+@pytest.mark.parametrize("loader", [load_once, load_continuously], ids=["once", "continuous"])
 def test_a_whole_shard_down_fails_the_load_in_one_line_and_commits_nothing_unstored(
     cluster: LocalClickHouseCluster,
     loader_options: LoadOptions,
     kafka_bootstrap: str,
     tmp_path: Path,
+    loader: Callable[[Settings, LoadOptions], LoadSummary],
 ) -> None:
     """Tried: shard 2's only server (s2r1) killed with -9, then a batch of 20 groups (both
-    shards) loaded through s1r1. The load fails after its retries with one line naming the
-    unreachable server, and the committed offsets stay where the stored events end. With s2r1
-    back, the next run loads the batch, each version stored once."""
+    shards) loaded through s1r1, by a bounded cycle and by the continuous loader of the
+    long-lived load runs (which would stop on its own only after a minute: it must not wait for
+    that). The load fails after its retries with one line naming the unreachable server, and
+    the committed offsets stay where the stored events end. With s2r1 back, the next run loads
+    the batch, each version stored once."""
     settings = settings_for(cluster.url("s1r1"), kafka_bootstrap, tmp_path)
     early = [Group() for _ in range(2)]
     produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in early])
@@ -487,8 +491,10 @@ def test_a_whole_shard_down_fails_the_load_in_one_line_and_commits_nothing_unsto
     kill_9(cluster.node("s2r1").pidfile)
     batch = [Group() for _ in range(20)]
     produce_events(kafka_bootstrap, loader_options.topic, [g.event(2) for g in batch])
+    give_up = time.monotonic() + 60
     with pytest.raises(ClickHouseUnavailable) as caught:
-        load_once(settings, loader_options)
+        loader(settings, replace(loader_options, should_stop=lambda: time.monotonic() > give_up))
+    assert time.monotonic() < give_up
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"ClickHouse server at {cluster.node('s1r1').address}: Code: 279. ")
