@@ -21,6 +21,12 @@ from pin_pipelines.kafka import while_settling
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
+#: How long a synchronous commit waits for the group's coordinator. When the broker holding it
+#: dies, the coordinator moves only after that broker's session expires (9 s by default, 6 s in
+#: the local cluster), a new leader of its `__consumer_offsets` partition is elected and the
+#: group's offsets are loaded there: past KAFKA_TIMEOUT under load (a CI failure). The batch is
+#: stored already, so waiting beats failing a run that a failover would otherwise survive.
+COMMIT_TIMEOUT = 3 * KAFKA_TIMEOUT
 #: A consumer's close (leave the group, wait for its commits) longer than this is given up on.
 CLOSE_TIMEOUT = 2 * KAFKA_TIMEOUT
 
@@ -133,7 +139,7 @@ def committed_offsets(
 
 def commit_offsets(consumer: Consumer, offsets: list[TopicPartition]) -> None:
     done = while_settling(
-        lambda _left: consumer.commit(offsets=offsets, asynchronous=False), KAFKA_TIMEOUT
+        lambda _left: consumer.commit(offsets=offsets, asynchronous=False), COMMIT_TIMEOUT
     )
     for tp in done or []:
         if tp.error is not None:
