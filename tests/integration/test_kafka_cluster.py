@@ -427,11 +427,16 @@ def paused_load(
 
 
 def wait_paused(process: subprocess.Popen[str], marker: Path) -> dict[int, int]:
-    wait_until(
-        lambda: marker.exists() or process.poll() is not None,
-        timeout=90,
-        what="the loader pausing mid-cycle",
-    )
+    try:
+        wait_until(
+            lambda: marker.exists() or process.poll() is not None,
+            timeout=90,
+            what="the loader pausing mid-cycle",
+        )
+    except PinError as exc:  # say what the loader was doing (its log lines are on stderr)
+        process.kill()
+        stderr = process.communicate()[1][-3000:]
+        raise AssertionError(f"{exc}; the loader's stderr: {stderr}") from exc
     assert process.poll() is None, f"the loader ended before its pause: {process.communicate()}"
     time.sleep(0.1)  # the marker's text is written
     return {int(p): o for p, o in json.loads(marker.read_text()).items()}
