@@ -58,16 +58,15 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
         found = versions_behind(settings.pg_dsn, ch, FRESHNESS_SLA_SECONDS)
     late = found.stale_overdue
     missing_late = found.missing_overdue
-    problems = [
-        f"{len(late)} row(s) behind the source past the SLA" if late else "",
-        f"{len(missing_late)} group(s) without a row past the SLA" if missing_late else "",
-    ]
+    problems = [f"{len(late)} row(s) behind the source past the SLA"] if late else []
+    if missing_late:
+        problems.append(f"{len(missing_late)} group(s) without a row past the SLA")
     return dg.AssetCheckResult(
-        passed=not late and not missing_late,
+        passed=not problems,
         description=(
-            "; ".join(p for p in problems if p) + ": check the relay and the loader runs, then "
-            "materialize dim_layout_group_drift with repair: true"
-            if late or missing_late
+            "; ".join(problems) + ": check the relay and the loader runs, then materialize "
+            "dim_layout_group_drift with repair: true"
+            if problems
             else None
         ),
         metadata={
