@@ -32,6 +32,9 @@ class ClickHouse(ABC):
 
     #: Where the data lives, for messages: the chdb folder or `host:port`.
     location: str
+    #: How many inserts a writer keeps in flight, each on a connection of its own (opened with
+    #: `open_clickhouse` of the same URL): 1 where `send_insert` stores before it returns.
+    inserts_in_flight: int = 1
 
     @abstractmethod
     def command(self, sql: str, params: Mapping[str, Param] | None = None) -> None:

@@ -19,9 +19,12 @@ A message is unreadable when its value is not a contract event or its key is not
 Reads are read_committed (the relay writes in Kafka transactions); a partition read to its end has
 that end committed, past the transaction markers that no message stands for.
 
-The insert is sent, and its answer awaited only after the next batch is consumed and decoded: the
-server stores one batch while this process decodes the next. Nothing else changes order: a batch's
-insert is confirmed before the next guard query, its DLQ messages and its offsets.
+An insert is sent, and its answer awaited only when its connection is needed again: the server
+stores one batch while this process decodes, guards and sends the next. On a server two inserts
+are in flight, each on a connection of its own (`ClickHouse.inserts_in_flight`); the embedded
+engine stores while it is sent. Batches are confirmed in the order they were sent, and only then
+their DLQ messages go and their offsets become committable. A batch that has a group of a batch in
+flight waits for it: a group's versions are stored in order (see _Cycle._next).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import gc
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 
 import psycopg
@@ -138,11 +142,16 @@ def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> Load
     counters = _Counters(settings.pg_dsn, every=COUNTERS_EVERY_SECONDS if continuous else None)
     with (
         open_clickhouse(settings.clickhouse_url, serve=continuous) as ch,
+        ExitStack() as more_connections,
         kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
         _collector_paused(),
     ):
+        writers = [ch] + [
+            more_connections.enter_context(open_clickhouse(settings.clickhouse_url))
+            for _ in range(ch.inserts_in_flight - 1)
+        ]
         summary = _Cycle(
-            ch, consumer, settings.kafka_bootstrap, options, continuous, counters
+            writers, consumer, settings.kafka_bootstrap, options, continuous, counters
         ).run()
     counters.record()
     return summary
@@ -246,14 +255,13 @@ class _Cycle:
 
     def __init__(
         self,
-        ch: ClickHouse,
+        writers: list[ClickHouse],
         consumer: Consumer,
         bootstrap: str,
         options: LoadOptions,
         continuous: bool,
         counters: _Counters,
     ) -> None:
-        self.ch = ch
         self.consumer = consumer
         self.bootstrap = bootstrap
         self.options = options
@@ -272,8 +280,10 @@ class _Cycle:
         #: as the insert. A group's events are in one partition, and this loader is the only one
         #: that writes its partitions while they are assigned; forgotten when they are revoked.
         self.known_versions: dict[int, int] = {}
-        #: The batch whose insert was sent and not confirmed yet.
-        self.in_flight: _Batch | None = None
+        #: Batches whose insert was sent and not confirmed yet, oldest first, each with the
+        #: connection it went on; and the connections with no insert in flight.
+        self.in_flight: deque[tuple[_Batch, ClickHouse]] = deque()
+        self.free_writers: deque[ClickHouse] = deque(writers)
         #: Of the partitions assigned now: partition → high watermark when assigned, until read
         #: up to it; partition → next offset to read; partition → where it was finished.
         self.pending: dict[int, int] = {}
@@ -356,10 +366,11 @@ class _Cycle:
     def _lost(self, _consumer: Consumer, _lost: list[TopicPartition]) -> None:
         """The session expired: the partitions are another loader's already, and a commit would
         be refused. What was not committed is replayed by the new owner (the guard skips it)."""
-        if self.in_flight is not None:
-            self.in_flight = None
+        while self.in_flight:
+            _batch, writer = self.in_flight.popleft()
             with suppress(ClickHouseUnavailable):
-                self.ch.confirm_insert()
+                writer.confirm_insert()
+            self.free_writers.append(writer)
         self._forget_assignment()
 
     def _forget_assignment(self) -> None:
@@ -445,8 +456,7 @@ class _Cycle:
         """Nothing arrived, nothing is waiting: confirm the batch in flight (it would otherwise
         wait for the next one) and commit up to where the partitions were read (past the
         transaction markers, see _skip_undelivered)."""
-        if self.in_flight is not None:
-            self._settle_in_flight()
+        self._settle_in_flight()
         self._skip_undelivered(self.reached)
         self.reached.clear()
         self._commit_applied(asynchronous=True)
@@ -481,40 +491,56 @@ class _Cycle:
             commit_offsets(self.consumer, offsets)
 
     def _next(self, batch: _Batch) -> None:
-        """Confirm the batch in flight (the server stored it while this one was decoded), then
-        send this one's insert."""
-        self._settle_in_flight()
+        """Send this batch's insert on a connection with none in flight, confirming the oldest
+        batches in flight first while there is no such connection or while one of them has a
+        group of this batch.
+
+        The second wait keeps a group's versions stored in the order they were consumed, as with
+        one connection: among rows of equal UpsertedAt (whole seconds on 18.16) ReplacingMergeTree
+        keeps the last inserted, which must be the newest version (dim_layout_group.sql). It also
+        lets the guard ignore the batches in flight: they hold none of this batch's groups."""
+        while self.in_flight and (not self.free_writers or self._shares_a_group(batch)):
+            self._settle_oldest()
+        writer = self.free_writers.popleft()
         try:
-            self._write(batch)
+            self._write(batch, writer)
         except ClickHouseUnavailable as exc:
-            self._retrying(batch, exc)
+            self._settle_in_flight()  # the batches sent before this one finish first
+            self._retrying(batch, writer, exc)
             self._finish(batch)
+            self.free_writers.append(writer)
         else:
-            self.in_flight = batch
+            self.in_flight.append((batch, writer))
+
+    def _shares_a_group(self, batch: _Batch) -> bool:
+        return any(not batch.newest.keys().isdisjoint(sent.newest) for sent, _ in self.in_flight)
 
     def _settle_in_flight(self) -> None:
-        batch, self.in_flight = self.in_flight, None
-        if batch is None:
-            return
+        while self.in_flight:
+            self._settle_oldest()
+
+    def _settle_oldest(self) -> None:
+        batch, writer = self.in_flight.popleft()
         try:
-            self.ch.confirm_insert()
+            writer.confirm_insert()
         except ClickHouseUnavailable as exc:
-            self._retrying(batch, exc)
+            self._retrying(batch, writer, exc)
         else:
             self._remember(batch)
+        self.free_writers.append(writer)
         self._finish(batch)
 
-    def _write(self, batch: _Batch) -> None:
+    def _write(self, batch: _Batch, writer: ClickHouse) -> None:
         """Guard and send the insert (the first attempt). The stored versions are read again on
         every attempt: an insert that landed before its answer was lost is then skipped, not
         stored twice."""
         known = self.known_versions
         unseen = [e.id for key, e in batch.newest.items() if key not in known]
         if unseen:
-            known.update(stored_versions(self.ch, unseen))
+            known.update(stored_versions(writer, unseen))
         batch.fresh = [e for key, e in batch.newest.items() if e.version > known.get(key, -1)]
         if batch.fresh:
-            insert_events(self.ch, batch.fresh)
+            insert_events(writer, batch.fresh)
 
     def _remember(self, batch: _Batch) -> None:
         """The batch is stored: its versions are known, and its events visible from now."""
@@ -558,7 +584,7 @@ class _Cycle:
             )
             span.end()
 
-    def _retrying(self, batch: _Batch, failed: ClickHouseUnavailable) -> None:
+    def _retrying(self, batch: _Batch, writer: ClickHouse, failed: ClickHouseUnavailable) -> None:
         """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting
         0.5 s, 1 s, 2 s, … before each; each waits for the server's answer."""
         attempts = 1
@@ -569,8 +595,8 @@ class _Cycle:
             time.sleep(self.options.backoff_seconds * 2 ** (attempts - 1))
             attempts += 1
             try:
-                self._write(batch)
-                self.ch.confirm_insert()
+                self._write(batch, writer)
+                writer.confirm_insert()
             except ClickHouseUnavailable as exc:
                 failed = exc
             else:

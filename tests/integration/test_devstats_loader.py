@@ -425,6 +425,51 @@ def test_a_lost_answer_to_a_sent_insert_is_retried_and_applied_once(
         assert [physical_rows(ch, g.id) for g in history] == [[(1, "Студии v1")]] * 30
 
 
+@pytest.mark.parametrize("clickhouse_url", ["server", "cluster"], indirect=True)
+def test_two_inserts_are_in_flight_but_never_two_of_one_group(
+    loader_settings: Settings,
+    loader_options: LoadOptions,
+    clickhouse: ClickHouse,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a server the loader sends a batch while the one before is stored, on a second
+    connection; a batch with a group of the batch in flight waits for it, so a group's versions
+    are stored in order. Tried: one-event batches, ten groups of one version each (free to
+    overlap) and one group in six versions (each batch shares it with the one before), in any
+    interleaving the partitions give. Every send and confirmation is recorded per connection."""
+    hot, cold = Group(), [Group() for _ in range(10)]
+    events = [g.event(1) for g in cold] + [hot.event(v) for v in range(1, 7)]
+    produce_events(kafka_bootstrap, loader_options.topic, events)
+
+    real_send, real_confirm = ServerClickHouse.send_insert, ServerClickHouse.confirm_insert
+    in_flight: dict[int, set[uuid.UUID]] = {}  # connection → groups of its unconfirmed insert
+    most_in_flight, overlaps = 0, []
+
+    def send_noting_its_groups(
+        ch: ServerClickHouse, table: str, columns: Any, rows: Any, **token: Any
+    ) -> None:
+        nonlocal most_in_flight
+        real_send(ch, table, columns, rows, **token)  # confirms this connection's last insert
+        groups_sent = {row[0] for row in rows}
+        overlaps.extend(g for other in in_flight.values() for g in groups_sent & other)
+        in_flight[id(ch)] = groups_sent
+        most_in_flight = max(most_in_flight, len(in_flight))
+
+    def confirm_noting_it(ch: ServerClickHouse) -> None:
+        real_confirm(ch)
+        in_flight.pop(id(ch), None)
+
+    monkeypatch.setattr(ServerClickHouse, "send_insert", send_noting_its_groups)
+    monkeypatch.setattr(ServerClickHouse, "confirm_insert", confirm_noting_it)
+    summary = load_once(loader_settings, replace(loader_options, batch_size=1))
+
+    assert (summary.consumed, summary.inserted, summary.batches) == (16, 16, 16)
+    assert overlaps == [] and most_in_flight == 2
+    assert physical_rows(clickhouse, hot.id)[-1] == (6, "Студии v6")
+    assert labels(clickhouse, hot.developer_id, [hot.id]) == {str(hot.id): "Студии v6"}
+
+
 def test_backfill_is_idempotent(
     loader_settings: Settings,
     loader_options: LoadOptions,
