@@ -39,7 +39,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
 from pin_pipelines.config import Settings
@@ -291,6 +291,9 @@ class _Cycle:
         self.reached: dict[int, int] = {}
         self.assigned = False  # the group gave this loader its share (maybe none)
         self.closing = False  # the cycle is over: the consumer's close revokes, nothing to do
+        #: A synchronous commit failed after waiting COMMIT_TIMEOUT for the group's coordinator:
+        #: the cycle is failing, and its end's commit would only wait as long again.
+        self.commit_failed = False
         #: Consumed, not decoded yet; partition → offset after its last message there.
         self.buffer: list[Message] = []
         self.buffer_ends: dict[int, int] = {}
@@ -487,8 +490,12 @@ class _Cycle:
             if offsets and self.applied != self.sent_commit:  # an idle poll has nothing new
                 self.consumer.commit(offsets=offsets, asynchronous=True)
                 self.sent_commit = dict(self.applied)
-        elif offsets:
-            commit_offsets(self.consumer, offsets)
+        elif offsets and not self.commit_failed:
+            try:
+                commit_offsets(self.consumer, offsets)
+            except (PinError, KafkaException):
+                self.commit_failed = True
+                raise
 
     def _next(self, batch: _Batch) -> None:
         """Send this batch's insert on a connection with none in flight, confirming the oldest
