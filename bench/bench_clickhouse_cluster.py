@@ -2,8 +2,21 @@
 
 A private cluster of this run (ZooKeeper and three Debian clickhouse-server 18.16: shard 1 with
 replicas s1r1 and s1r2, shard 2 with s2r1; stack/clickhouse_cluster.py, on --base-port) and a
-private single server, both in a temporary folder, both migrated (the cluster ON CLUSTER, the
-loader's client talking to s1r1):
+private single server, both in a temporary folder under --data-dir, both migrated (the cluster ON
+CLUSTER, the loader's client talking to s1r1).
+
+--data-dir is /dev/shm (tmpfs) by default, and the run reports the system CPU one file creation
+costs there (`file_create_us`, 2,000 files of 4 KB). On this project's machines the disk's ext4
+spends that CPU in ext4_create → recently_deleted (perf), the scan for an inode not freed in the
+last minutes, which ext4 does when it has no journal: so a file costs more the more files were
+deleted near it lately. Measured with the probe: /tmp 27 µs, then 295 µs right after the probe
+had deleted its 2,000 files there; 3,000 files in a folder of a finished run 1.2-1.5 s (400-500
+µs each); /dev/shm 6-12 µs. ClickHouse keeps creating and deleting files (a part of 18.16 is 20
+files; merges delete the parts they replace), and the cluster writes three parts per 1,000 events
+where one server writes one (two shards, and shard 1's second replica fetches its copy): on that
+disk the ratio measures the inode allocator more than the cluster, and drifts within a run. On
+tmpfs ZooKeeper's fsyncs are free too (≈ 1.5 ms each on the disk, in every insert's answer). Pass
+--data-dir on the disk to see it (README: both figures).
 
 1. Loader throughput, cluster vs one server, in the same run: N events (G groups round-robin,
    bench_devstats.py's stream) are produced once; ONE `load_once` loads them into the single
@@ -25,6 +38,7 @@ loader's client talking to s1r1):
 
 Usage: .venv/bin/python bench/bench_clickhouse_cluster.py [--events 50000] [--groups 10000]
        [--trials 5] [--reads 300] [--catch-up-events 10000] [--base-port 9400]
+       [--data-dir /dev/shm]
 Uses PIN_KAFKA_BOOTSTRAP and PIN_PG_DSN's server (a fresh `pin_bench_chcluster` database for
 the loader's counters); topics and consumer groups are unique per run.
 """
@@ -34,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -62,6 +77,19 @@ from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.process import free_port, pid_alive, read_pid
 
 LOCAL = f"{TABLE}{LOCAL_SUFFIX}"
+
+
+def file_create_us(folder: Path, files: int = 2000) -> float:
+    """System CPU per file created (and written to) in `folder`, in microseconds."""
+    probe = Path(tempfile.mkdtemp(dir=folder))
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+        for i in range(files):
+            (probe / str(i)).write_bytes(b"x" * 4096)
+        spent = resource.getrusage(resource.RUSAGE_SELF).ru_stime - before
+        return round(spent / files * 1e6, 1)
+    finally:
+        shutil.rmtree(probe)
 
 
 def settle(urls: list[str], timeout: float = 120.0) -> None:
@@ -254,14 +282,23 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=300)
     parser.add_argument("--catch-up-events", type=int, default=10_000)
     parser.add_argument("--base-port", type=int, default=9400)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None,
+        help="where the servers' and ZooKeeper's folders go (default /dev/shm: see the doc)",
+    )
     args = parser.parse_args()
 
     pg_dsn = fresh_database("pin_bench_chcluster")
-    folder = Path(tempfile.mkdtemp(prefix="pin-bench-chcluster-"))
+    folder = Path(tempfile.mkdtemp(prefix="pin-bench-chcluster-", dir=args.data_dir))
     server = LocalClickHouseServer(ServerAddress("127.0.0.1", free_port(), "default", ""), folder)
     cluster = LocalClickHouseCluster("pin", folder, base_port=args.base_port)
     single_url = f"clickhouse://default@127.0.0.1:{server.address.port}/pin_dev_stats"
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {
+        "data_dir": str(folder.parent),
+        "file_create_us": file_create_us(folder),
+    }
     try:
         server.up()
         cluster.up()
