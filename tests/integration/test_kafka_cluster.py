@@ -274,7 +274,7 @@ reading = contextlib.ExitStack()  # a reader of the group's offsets that never j
 reader = reading.enter_context(kafka_consumer(Settings.from_env().kafka_bootstrap, DEFAULT_GROUP))
 
 def pause_once():
-    if state["paused"] or time.monotonic() - state["checked"] < 0.05:
+    if state["paused"] or time.monotonic() - state["checked"] < 0.01:
         return False
     state["checked"] = time.monotonic()
     found = committed_offsets(reader, TOPIC_LAYOUT_GROUP, range(6))
@@ -287,8 +287,15 @@ def pause_once():
         time.sleep(0.02)
     return False
 
-loader.LoadOptions = functools.partial(loader.LoadOptions, should_stop=pause_once)
-sys.exit(cli.main(["devstats", "load", "--once"]))
+# Batches of 100: the target is reached with most of the cycle still to load, so a check between
+# polls sees it. With batches of 1,000 (two inserts in flight) a whole cycle took ~0.3 s and could
+# end before the commits reached the target.
+loader.LoadOptions = functools.partial(loader.LoadOptions, should_stop=pause_once, batch_size=100)
+try:
+    code = cli.main(["devstats", "load", "--once"])
+finally:  # an open reader kept the process from exiting after a cycle that never paused
+    reading.close()
+sys.exit(code)
 """
 
 Delivered = dict[tuple[int, int], tuple[str, int]]  # (partition, offset) → (group Id, Version)
