@@ -59,6 +59,7 @@ from pin_pipelines.devstats.offsets import (
     committed_offsets,
     first_unloaded,
     kafka_consumer,
+    no_longer_a_member,
     topic_partitions,
     watermarks,
 )
@@ -493,7 +494,17 @@ class _Cycle:
         elif offsets and not self.commit_failed:
             try:
                 commit_offsets(self.consumer, offsets)
-            except (PinError, KafkaException):
+            except KafkaException as exc:
+                if not no_longer_a_member(exc):
+                    self.commit_failed = True
+                    raise
+                # Like _lost: the stored batches are replayed by the partitions' next owner (this
+                # loader after it rejoins, or another), and the version guard skips them.
+                log.warning(
+                    "offsets not committed, the group moved on without this loader: %s",
+                    exc.args[0].str(),
+                )
+            except PinError:
                 self.commit_failed = True
                 raise
 

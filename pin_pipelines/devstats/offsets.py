@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import while_settling
@@ -135,6 +135,27 @@ def committed_offsets(
     """The group's committed offsets (a coordinator still loading after a restart is waited for)."""
     wanted = [TopicPartition(topic, p) for p in partitions]
     return while_settling(lambda left: consumer.committed(wanted, timeout=left), KAFKA_TIMEOUT)
+
+
+#: What a commit is refused with when the group no longer counts this consumer as a member of its
+#: current generation: the coordinator expired its session (a coordinator's failover can outlast
+#: session.timeout.ms) or a rebalance went on without it.
+_NOT_A_MEMBER = frozenset(
+    {
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+    }
+)
+
+
+def no_longer_a_member(exc: KafkaException) -> bool:
+    """Whether a commit failed because the consumer is not the group's member any more: nothing
+    to retry, its partitions are being reassigned and their next owner resumes at the last
+    committed offsets."""
+    error = exc.args[0]
+    return isinstance(error, KafkaError) and error.code() in _NOT_A_MEMBER
 
 
 def commit_offsets(consumer: Consumer, offsets: list[TopicPartition]) -> None:

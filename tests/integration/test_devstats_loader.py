@@ -5,13 +5,14 @@ embedded engine, the server and the local cluster (issue 17: the Distributed dim
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from pin_pipelines.clickhouse import (
     ClickHouse,
@@ -25,6 +26,7 @@ from pin_pipelines.devstats import loader
 from pin_pipelines.devstats.dim import groups, insert_events, labels
 from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
+from pin_pipelines.devstats.offsets import commit_offsets, no_longer_a_member
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from tests.integration.clickhouse_fixtures import (
     ENGINES,
@@ -520,3 +522,50 @@ def test_a_group_committed_past_the_end_replays_instead_of_stalling(
     summary = load_once(loader_settings, loader_options)
     assert (summary.consumed, summary.inserted) == (2, 1)
     assert set(summary.lag.values()) == {0}
+
+
+def test_a_commit_refused_because_the_group_moved_on_is_told_apart(
+    loader_options: LoadOptions, kafka_bootstrap: str
+) -> None:
+    """Tried: a member of the group stops polling; another consumer joins and, once the group has
+    rebalanced without the first, holds every partition. The first one's synchronous commit is
+    refused (Unknown member: what a coordinator's failover longer than the session also gives),
+    and the loader tells that apart from Kafka being unreachable: it logs the lost commit instead
+    of failing a cycle whose batches are stored (their next owner replays them, the guard skips
+    them)."""
+
+    def member() -> Consumer:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": loader_options.group,
+                "enable.auto.commit": False,
+                "session.timeout.ms": 6000,
+                "max.poll.interval.ms": 7000,
+                "log_level": 0,
+            }
+        )
+        consumer.subscribe([loader_options.topic])
+        return consumer
+
+    def poll_until_it_holds(consumer: Consumer, partitions: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < partitions:
+            assert time.monotonic() < deadline, consumer.assignment()
+            consumer.poll(0.2)
+
+    first = member()
+    second = None
+    try:
+        poll_until_it_holds(first, 3)
+        second = member()
+        poll_until_it_holds(second, 3)
+        with pytest.raises(KafkaException) as refused:
+            commit_offsets(first, [TopicPartition(loader_options.topic, 0, 1)])
+    finally:
+        for consumer in (first, second):
+            if consumer is not None:
+                consumer.close()
+    assert no_longer_a_member(refused.value), refused.value
+    unreachable = KafkaException(KafkaError(KafkaError._WAIT_COORD))
+    assert not no_longer_a_member(unreachable)
