@@ -47,7 +47,7 @@ class ServerClickHouse(ClickHouse):
     #: An insert through a Distributed table is acknowledged once every shard it touched has
     #: written its part and registered it in ZooKeeper (insert_distributed_sync): a wait after
     #: each batch that a second connection fills with the next batch's guard and insert
-    #: (measured on the local cluster, 50,000 events: 0.89-0.92 s instead of 1.12-1.35 s; a
+    #: (measured on the local cluster, 50,000 events: 0.89-1.08 s instead of 1.03-1.32 s; a
     #: third connection gained nothing).
     inserts_in_flight = 2
 
