@@ -494,7 +494,7 @@ class _Cycle:
         elif offsets and not self.commit_failed:
             try:
                 commit_offsets(self.consumer, offsets)
-            except KafkaException as exc:
+            except (KafkaException, PinError) as exc:
                 if not no_longer_a_member(exc):
                     self.commit_failed = True
                     raise
@@ -504,9 +504,6 @@ class _Cycle:
                     "offsets not committed, the group moved on without this loader: %s",
                     exc.args[0].str(),
                 )
-            except PinError:
-                self.commit_failed = True
-                raise
 
     def _next(self, batch: _Batch) -> None:
         """Send this batch's insert on a connection with none in flight, confirming the oldest

@@ -150,11 +150,11 @@ _NOT_A_MEMBER = frozenset(
 )
 
 
-def no_longer_a_member(exc: KafkaException) -> bool:
+def no_longer_a_member(exc: BaseException) -> bool:
     """Whether a commit failed because the consumer is not the group's member any more: nothing
     to retry, its partitions are being reassigned and their next owner resumes at the last
-    committed offsets."""
-    error = exc.args[0]
+    committed offsets. Any other failure (Kafka unreachable, not a Kafka error) is not."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return isinstance(error, KafkaError) and error.code() in _NOT_A_MEMBER
 
 

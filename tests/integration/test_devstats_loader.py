@@ -530,9 +530,9 @@ def test_a_commit_refused_because_the_group_moved_on_is_told_apart(
     """Tried: a member of the group stops polling; another consumer joins and, once the group has
     rebalanced without the first, holds every partition. The first one's synchronous commit is
     refused (Unknown member: what a coordinator's failover longer than the session also gives),
-    and the loader tells that apart from Kafka being unreachable: it logs the lost commit instead
-    of failing a cycle whose batches are stored (their next owner replays them, the guard skips
-    them)."""
+    and `no_longer_a_member` tells that apart from Kafka being unreachable: the distinction by
+    which the loader logs a lost commit instead of failing a cycle whose batches are stored
+    (their next owner replays them, the guard skips them)."""
 
     def member() -> Consumer:
         consumer = Consumer(
