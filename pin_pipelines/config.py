@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pin_pipelines.errors import PinError
 
@@ -27,6 +27,40 @@ DEFAULT_CLICKHOUSE_SERVER_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_sta
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
 #: A ClickHouse cluster name goes into DDL unquoted (`ON CLUSTER name`, `Distributed(name, …)`).
 _CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: A peer silent this long (no answer, no TCP acknowledgement, no keepalive answered) is dead: the
+#: one bound of every PostgreSQL connection, both ends (issue 24). Without it a blackholed peer
+#: (a host that lost its network: no RST, no FIN) is waited for until the kernel's retransmission
+#: timeout, ~15 min, and the server keeps the dead client's session and its row locks as long. A
+#: live peer's kernel acknowledges within milliseconds whatever its process is doing, so a long
+#: statement or a slow client never reaches the bound.
+DEAD_PEER_SECONDS = 15
+_KEEPALIVE_IDLE_SECONDS = DEAD_PEER_SECONDS // 3
+_KEEPALIVE_INTERVAL_SECONDS = 2
+_KEEPALIVE_COUNT = 3
+#: The client's side, as libpq parameters: added to every connection string the project uses
+#: where it sets none of its own (a DSN's own `?tcp_user_timeout=…` wins), Dagster's storage URL
+#: included. keepalives end a connection that waits for an answer; tcp_user_timeout one whose
+#: sent data is never acknowledged.
+PG_CLIENT_DEAD_PEER_PARAMS = {
+    "keepalives": "1",
+    "keepalives_idle": str(_KEEPALIVE_IDLE_SECONDS),
+    "keepalives_interval": str(_KEEPALIVE_INTERVAL_SECONDS),
+    "keepalives_count": str(_KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(DEAD_PEER_SECONDS * 1000),
+}
+#: The server's side (postgresql.conf; `pin stack up` writes them, an external server needs them
+#: set by its operator, docs/runbook.md "Network partitions"): a backend whose client vanished
+#: ends within the bound, rolling its transaction back and freeing its row locks, also in the
+#: middle of a statement (client_connection_check_interval sees the socket the keepalives
+#: failed), so a healthy drain can take the project over.
+PG_SERVER_DEAD_PEER_SETTINGS = {
+    "tcp_keepalives_idle": str(_KEEPALIVE_IDLE_SECONDS),
+    "tcp_keepalives_interval": str(_KEEPALIVE_INTERVAL_SECONDS),
+    "tcp_keepalives_count": str(_KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(DEAD_PEER_SECONDS * 1000),
+    "client_connection_check_interval": "2000",
+}
 
 #: The repository root when the package runs from a checkout (the normal case, editable install).
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -221,6 +255,16 @@ class PgTarget:
 def dsn_with_dbname(dsn: str, dbname: str) -> str:
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def with_dead_peer_bounds(url: str) -> str:
+    """A libpq (or SQLAlchemy) URL with PG_CLIENT_DEAD_PEER_PARAMS added where it sets none."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    missing = {k: v for k, v in PG_CLIENT_DEAD_PEER_PARAMS.items() if k not in query}
+    if not missing:
+        return url
+    return urlunsplit(parts._replace(query=urlencode({**query, **missing})))
 
 
 def dagster_pg_url_from(pg_dsn: str, dbname: str = "dagster") -> str:

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 
 import aiosql
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, scalar_row
 
-from pin_pipelines.config import SQL_DIR
+from pin_pipelines.config import PG_CLIENT_DEAD_PEER_PARAMS, SQL_DIR
 from pin_pipelines.errors import PinError, first_line
 
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
@@ -25,18 +26,31 @@ Row = TypeVar("Row")
 
 
 def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 5) -> psycopg.Connection:
-    """Open a connection, turning "server is not there" into a PinError with the address."""
+    """Open a connection, turning "server is not there" into a PinError with the address. A
+    silent server ends it within DEAD_PEER_SECONDS (config.PG_CLIENT_DEAD_PEER_PARAMS, unless
+    the DSN sets its own), not after the kernel's retransmission timeout."""
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=connect_timeout)
+        params = {**PG_CLIENT_DEAD_PEER_PARAMS, **conninfo_to_dict(dsn)}
+        conninfo = make_conninfo("", **params)
+        return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as exc:
         raise PinError(f"PostgreSQL at {_redact(dsn)} is unreachable: {first_line(exc)}") from exc
 
 
 @contextmanager
 def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
+    """A connection closed at the end; losing it midway (the server went away, or went silent
+    past the dead-peer bound) is a PinError naming the server."""
     conn = connect(dsn, autocommit=autocommit)
     try:
         yield conn
+    except psycopg.OperationalError as exc:
+        if not conn.broken:
+            raise
+        raise PinError(
+            f"PostgreSQL at {_redact(dsn)}: connection lost ({first_line(exc)}); what it had "
+            "not committed was rolled back"
+        ) from exc
     finally:
         conn.close()
 

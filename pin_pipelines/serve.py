@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pin_pipelines.config import SOURCE_ROOT, Settings
+from pin_pipelines.config import SOURCE_ROOT, Settings, with_dead_peer_bounds
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
 from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
@@ -36,7 +36,9 @@ def prepare_dagster_home(settings: Settings) -> dict[str, str]:
     return {
         **os.environ,
         "DAGSTER_HOME": str(home),
-        "PIN_DAGSTER_PG_URL": settings.dagster_pg_url,
+        # Every daemon, webserver, code server and run worker connection to the storage is
+        # bounded like the project's own (a blackholed server is an error, not a 15-minute hang).
+        "PIN_DAGSTER_PG_URL": with_dead_peer_bounds(settings.dagster_pg_url),
         "PIN_PG_DSN": settings.pg_dsn,
         "PIN_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "PIN_CLICKHOUSE_URL": settings.clickhouse_url,

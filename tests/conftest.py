@@ -18,6 +18,8 @@ from types import FrameType
 
 import pytest
 
+from tests.support.blackhole import remove_leftover_rules
+
 # --- process hygiene (issue 12) -----------------------------------------------------------------
 
 #: What `signal.getsignal` may answer: a handler, SIG_DFL/SIG_IGN, or None (set outside Python).
@@ -153,6 +155,18 @@ def _no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     left = _leftovers(before)
     if left:
         pytest.fail(f"{request.node.nodeid} left processes alive (killed): {left}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_blackhole_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test that leaves a partition rule of tests/support/blackhole.py in iptables, and
+    deletes it: a leftover DROP cuts every later test (and the machine's services) off."""
+    yield
+    left = remove_leftover_rules()
+    if left:
+        pytest.fail(
+            f"{request.node.nodeid} left iptables rules (deleted): {'; '.join(left)}", pytrace=False
+        )
 
 
 @pytest.hookimpl(trylast=True)

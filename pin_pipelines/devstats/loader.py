@@ -55,6 +55,7 @@ from pin_pipelines.devstats.events import (
 )
 from pin_pipelines.devstats.offsets import (
     DEFAULT_GROUP,
+    RenewableConsumer,
     commit_offsets,
     committed_offsets,
     first_unloaded,
@@ -71,8 +72,9 @@ from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 log = logging.getLogger("pin_pipelines.devstats")
 
 CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
-#: Waiting for the group's assignment (join, or rejoin after a revocation) longer than this is a
-#: failure reported in one line, not a silent wait until max_seconds (coordinator unavailable).
+#: Waiting for the group's assignment (join, or rejoin after a revocation or a lost session)
+#: longer than this ends a bounded cycle with one line, not a silent wait until max_seconds
+#: (coordinator unavailable); a continuous load joins again with a new consumer instead.
 JOIN_TIMEOUT = 30.0
 
 
@@ -144,7 +146,7 @@ def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> Load
     with (
         open_clickhouse(settings.clickhouse_url, serve=continuous) as ch,
         ExitStack() as more_connections,
-        kafka_consumer(settings.kafka_bootstrap, options.group) as consumer,
+        RenewableConsumer(settings.kafka_bootstrap, options.group) as consumers,
         _collector_paused(),
     ):
         writers = [ch] + [
@@ -152,7 +154,7 @@ def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> Load
             for _ in range(ch.inserts_in_flight - 1)
         ]
         summary = _Cycle(
-            writers, consumer, settings.kafka_bootstrap, options, continuous, counters
+            writers, consumers, settings.kafka_bootstrap, options, continuous, counters
         ).run()
     counters.record()
     return summary
@@ -257,13 +259,13 @@ class _Cycle:
     def __init__(
         self,
         writers: list[ClickHouse],
-        consumer: Consumer,
+        consumers: RenewableConsumer,
         bootstrap: str,
         options: LoadOptions,
         continuous: bool,
         counters: _Counters,
     ) -> None:
-        self.consumer = consumer
+        self.consumers = consumers
         self.bootstrap = bootstrap
         self.options = options
         self.continuous = continuous
@@ -299,16 +301,15 @@ class _Cycle:
         self.buffer: list[Message] = []
         self.buffer_ends: dict[int, int] = {}
 
+    @property
+    def consumer(self) -> Consumer:
+        return self.consumers.current
+
     def run(self) -> LoadSummary:
         started = time.monotonic()
         partitions = topic_partitions(self.consumer, self.options.topic)
         if partitions:
-            self.consumer.subscribe(
-                [self.options.topic],
-                on_assign=self._assigned,
-                on_revoke=self._revoked,
-                on_lost=self._lost,
-            )
+            self._subscribe()
             try:
                 self._consume(deadline=started + self.options.max_seconds)
             finally:
@@ -322,6 +323,33 @@ class _Cycle:
         self.summary.freshness_p99_seconds = quantile(ranked, 0.99)
         self.summary.freshness_max_seconds = self.freshness_max
         return self.summary
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe(
+            [self.options.topic],
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._lost,
+        )
+
+    def _rejoin(self) -> None:
+        """A continuous load out of its group for JOIN_TIMEOUT (its session lost across a
+        partition, the coordinator moved): a new consumer joins in its place. What the old one
+        stored is committed (a revoke) or replayed by its partitions' next owner (a loss), and
+        the version guard skips it either way."""
+        log.warning(
+            "Kafka at %s: group %s assigned no partitions within %gs; joining it again with a "
+            "new consumer",
+            self.bootstrap,
+            self.options.group,
+            JOIN_TIMEOUT,
+        )
+        self.closing = True  # the old consumer's close has nothing of this load's to revoke
+        try:
+            self.consumers.renew()
+        finally:
+            self.closing = False
+        self._subscribe()
 
     def _assigned(self, consumer: Consumer, assignment: list[TopicPartition]) -> None:
         """The group's share of this loader: each partition from the committed offset, until the
@@ -411,6 +439,10 @@ class _Cycle:
             if self.assigned:
                 unassigned_since = time.monotonic()
             elif time.monotonic() - unassigned_since > JOIN_TIMEOUT:
+                if self.continuous:
+                    self._rejoin()
+                    unassigned_since = time.monotonic()
+                    continue
                 raise PinError(
                     f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
                     f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "

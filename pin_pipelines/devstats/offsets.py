@@ -10,14 +10,18 @@ right after a topic's creation or a restart) are retried for up to KAFKA_TIMEOUT
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from pin_pipelines.config import DEAD_PEER_SECONDS
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import while_settling
+
+log = logging.getLogger("pin_pipelines.devstats")
 
 DEFAULT_GROUP = "pin-devstats-dim-layout-group"
 KAFKA_TIMEOUT = 10.0
@@ -57,6 +61,12 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             # A loader killed outright holds its partitions until its session expires (default
             # 45 s): the freshness budget across a loader's death is this, not the default.
             "session.timeout.ms": 10000,
+            # A request unanswered this long fails and its connection is re-made (default 60 s):
+            # across a partition (a blackholed broker, no RST) the loader's fetch, heartbeat and
+            # FindCoordinator requests sat on dead connections for a minute after the heal,
+            # and the group went on without it meanwhile (issue 24).
+            "socket.timeout.ms": DEAD_PEER_SECONDS * 1000,
+            "socket.keepalive.enable": True,
             "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
         }
     )
@@ -68,6 +78,45 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
                 _close(consumer, bootstrap)
             raise
         _close(consumer, bootstrap)
+
+
+class RenewableConsumer:
+    """A consumer of the loader's group (`kafka_consumer`) that a continuous load can trade for
+    a new one (`renew`) when the group has not taken it back for long after losing it.
+
+    librdkafka rejoins by itself once its requests fail over (socket.timeout.ms), but a consumer
+    that lost its session across a partition has more than one way to stay out (a coordinator
+    lookup on a connection that died, a close of its old generation that never ended): a new
+    client with new connections is the one step that always gets back in (issue 24)."""
+
+    def __init__(self, bootstrap: str, group: str) -> None:
+        self.bootstrap, self.group = bootstrap, group
+        self._lifetime = ExitStack()
+        self._current: Consumer | None = None
+
+    @property
+    def current(self) -> Consumer:
+        if self._current is None:
+            raise RuntimeError("RenewableConsumer used outside its `with` block")
+        return self._current
+
+    def __enter__(self) -> RenewableConsumer:
+        self._current = self._lifetime.enter_context(kafka_consumer(self.bootstrap, self.group))
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool | None:
+        return self._lifetime.__exit__(*exc_info)  # type: ignore[arg-type]
+
+    def renew(self) -> Consumer:
+        """Close the current consumer (within CLOSE_TIMEOUT: a close that cannot reach the
+        coordinator is left behind, as at a load's end) and open a new one."""
+        old, self._lifetime = self._lifetime, ExitStack()
+        try:
+            old.close()
+        except (PinError, KafkaException) as exc:
+            log.warning("the consumer given up on did not close: %s", exc)
+        self._current = self._lifetime.enter_context(kafka_consumer(self.bootstrap, self.group))
+        return self._current
 
 
 def _close(consumer: Consumer, bootstrap: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from pin_pipelines.config import Settings, dsn_with_dbname
+from pin_pipelines.config import PG_SERVER_DEAD_PEER_SETTINGS, Settings, dsn_with_dbname
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.process import apt_install, wait_until
 
@@ -94,7 +94,11 @@ class LocalPostgres:
         self._init_cluster()
         self._write_conf()
         action = "already running"
-        if not self.running():
+        if self.running():
+            # The dead-peer bounds take effect on a reload (a changed port or memory setting
+            # waits for the next start).
+            self._pg_ctl("reload")
+        else:
             self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile))
             action = "started"
         wait_until(self.answers, timeout=60, what="PostgreSQL", logfile=self.logfile)
@@ -166,6 +170,7 @@ class LocalPostgres:
             "work_mem = 16MB\n"
             "max_wal_size = 2GB\n"
             "log_min_duration_statement = 2000\n"
+            + "".join(f"{name} = {value}\n" for name, value in PG_SERVER_DEAD_PEER_SETTINGS.items())
         )
         uid, gid = _owner_ids()
         os.chown(conf, uid, gid)

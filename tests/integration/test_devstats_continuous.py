@@ -45,11 +45,14 @@ from tests.integration.test_devstats_dagster import end_offsets
 from tests.support.cli import run_pin, summary
 from tests.support.devstats import Group, committed, produce_events
 
-#: `pin devstats load` (cli.main) with the loader aimed at argv's topic, group and DLQ topic.
+#: `pin devstats load` (cli.main) with the loader aimed at argv's topic, group and DLQ topic (and,
+#: for the partition tests, a shorter bound for rejoining its group).
 LOADER = """
-import dataclasses, sys
+import dataclasses, os, sys
 from pin_pipelines.devstats import loader
 topic, group, dlq_topic = sys.argv[1:4]
+if os.environ.get("PIN_TEST_JOIN_TIMEOUT"):
+    loader.JOIN_TIMEOUT = float(os.environ["PIN_TEST_JOIN_TIMEOUT"])
 real = loader.load_continuously
 def aimed(settings, options):
     options = dataclasses.replace(options, topic=topic, group=group, dlq_topic=dlq_topic)

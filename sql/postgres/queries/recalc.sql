@@ -89,8 +89,11 @@ WHERE project_id = :project_id AND attempted_at = :attempted_at;
 -- name: limit_waits(statement_timeout, lock_share)^
 -- For the rest of this project's transaction. lock_timeout is a share of deadlock_timeout (see
 -- LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT in drain.py), read from the server so it stays below it
--- whatever the server is configured with.
+-- whatever the server is configured with. A drain that stops sending between two statements of
+-- the transaction (stopped, or its host cut off) loses its session after statement_timeout, and
+-- with it the project's row locks: another drain takes the project over.
 SELECT set_config('statement_timeout', :statement_timeout, true),
+       set_config('idle_in_transaction_session_timeout', :statement_timeout, true),
        set_config('lock_timeout', greatest(1, round(:lock_share * extract(epoch FROM
            current_setting('deadlock_timeout')::interval) * 1000))::int::text, true);
 

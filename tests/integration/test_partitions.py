@@ -1,0 +1,187 @@
+"""Network partitions (issue 24): a peer blackholed with iptables (tests/support/blackhole.py),
+every packet dropped both ways, no RST and no FIN, as when a host loses its network. A killed
+process or a refused port is an error at once; this is silence, which only the project's own
+bounds end (config.DEAD_PEER_SECONDS, both ends of every PostgreSQL connection)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from pin_pipelines.config import DEAD_PEER_SECONDS
+from pin_pipelines.devstats.loader import LoadOptions
+from pin_pipelines.kafka import TOPIC_PROJECT
+from pin_pipelines.stack.process import wait_until
+from tests.integration.test_devstats_continuous import (  # noqa: F401 (a fixture)
+    chdb_folder_url,
+    loader_env,
+    loaders,
+    versions,
+    wait_for,
+)
+from tests.support.blackhole import blackhole
+from tests.support.chessboard import make_building, make_object, make_project
+from tests.support.devstats import Group, produce_events
+from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slow_recalc
+from tests.support.truth import drift
+
+#: The drain's recalc of a project sleeps this long (a test trigger): the cut lands inside it.
+PROJECT_SECONDS = 3.0
+
+
+def sleeping_client_port(conn: psycopg.Connection) -> int | None:
+    """The client port of the backend inside the slow trigger (its drain's connection)."""
+    row = conn.execute(
+        "SELECT client_port FROM pg_stat_activity"
+        " WHERE wait_event = 'PgSleep' AND datname = current_database()"
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def test_a_drain_cut_off_inside_a_project_frees_it_and_ends_in_one_line(
+    db: psycopg.Connection, pg_dsn: str
+) -> None:
+    """Tried: drain A (`pin recalc drain --once`) is inside a project's transaction (a test
+    trigger sleeps in its UPDATE) when its one connection is blackholed; PostgreSQL and every
+    other client are fine. Before issue 24 the server kept A's session and row locks for the
+    kernel's retransmission timeout (~15 min): SKIP LOCKED passed over the project, and A waited
+    on its dead socket as long. Now the server's keepalives and client check end A's session
+    within DEAD_PEER_SECONDS, a healthy drain B (a `pin recalc drain --once` a second) recalcs
+    the project within 30 s of the cut, A exits with one line within 60 s, and the project was
+    applied once: one version, one outbox event, no drift."""
+    project = make_project(db)
+    make_object(db, project, make_building(db, project), None, status="Free", price=5)
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+    version_before = _project_version(db, project)
+    with slow_recalc(db, PROJECT_SECONDS):
+        cut_off = subprocess.Popen(
+            [PIN, "recalc", "drain", "--once"],
+            cwd=REPO_ROOT,
+            env=pin_env(pg_dsn),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until(
+                lambda: sleeping_client_port(db) is not None,
+                timeout=30,
+                what="drain A inside the project",
+            )
+            port = sleeping_client_port(db)
+            assert port is not None
+            with blackhole(port):
+                cut_at = time.monotonic()
+                recalculated_after = _drain_until_gone(pg_dsn, db, project, cut_at, timeout=30)
+                out, err = cut_off.communicate(timeout=max(1.0, cut_at + 60 - time.monotonic()))
+                ended_after = time.monotonic() - cut_at
+        finally:
+            if cut_off.poll() is None:
+                cut_off.kill()
+                cut_off.communicate()
+    assert recalculated_after <= 30, recalculated_after
+    assert cut_off.returncode == 1, (out, err)
+    assert ended_after <= 60, ended_after
+    # Its log lines are JSON; its end is the one line a person reads.
+    errors = [line for line in err.splitlines() if not line.startswith("{")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith("pin: error: PostgreSQL at ") and "connection lost" in errors[0]
+    print(f"recalculated by B {recalculated_after:.1f}s, A ended {ended_after:.1f}s after the cut")
+    assert _project_version(db, project) == version_before + 1
+    assert [topic for topic, _, _ in outbox(db, project)] == [TOPIC_PROJECT]
+    assert drift(db) == {}
+
+
+def _drain_until_gone(
+    dsn: str, db: psycopg.Connection, project: UUID, since: float, timeout: float
+) -> float:
+    """Runs a healthy `pin recalc drain --once` a second until the project's row is gone;
+    returns the seconds from `since`."""
+    while time.monotonic() - since < timeout:
+        subprocess.run(
+            [PIN, "recalc", "drain", "--once"],
+            cwd=REPO_ROOT,
+            env=pin_env(dsn),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        if queue_row(db, project) is None:
+            return time.monotonic() - since
+        time.sleep(1.0)
+    raise AssertionError(
+        f"no healthy drain recalculated the project within {timeout:g}s of the cut "
+        f"(dead-peer bound {DEAD_PEER_SECONDS}s): {queue_row(db, project)}"
+    )
+
+
+def _project_version(db: psycopg.Connection, project: UUID) -> int:
+    row = db.execute("SELECT version FROM chessboard.projects WHERE id = %s", (project,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# --- the continuous loader through a Kafka partition -------------------------------------------
+
+#: How long the broker is cut off: past the loader's session (10 s) and its join bound (30 s).
+KAFKA_PARTITION_SECONDS = 30.0
+
+
+@pytest.mark.parametrize(
+    "join_timeout", [None, 5.0], ids=["defaults", "rejoined-by-a-new-consumer"]
+)
+def test_a_continuous_loader_rides_out_a_kafka_partition_with_no_operator(
+    join_timeout: float | None,
+    chdb_folder_url: str,  # noqa: F811 (the fixture imported above)
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: a continuous `pin devstats load` (the embedded engine, its folder's owner) has
+    joined its group and loaded a first event when the broker's port is blackholed for 30 s:
+    its session expires, the group loses it, its commits and fetches hang. Before issue 24 it
+    stayed alive but never got partitions again: 90 s after the heal none of the new versions was
+    loaded. Now every version produced after the heal is visible within 30 s of it, with no
+    operator, and the loader then stops cleanly on SIGTERM with its summary. With the defaults
+    librdkafka's own rejoin gets it back (its requests fail over within DEAD_PEER_SECONDS);
+    with a join bound shorter than the partition, the loader gives its consumer up, and a new
+    one (several, while the broker stays silent) joins once it answers."""
+    port = int(kafka_bootstrap.rsplit(":", 1)[1])
+    env = loader_env(chdb_folder_url, kafka_bootstrap, pg_dsn, tmp_path)
+    if join_timeout is not None:
+        env["PIN_TEST_JOIN_TIMEOUT"] = str(join_timeout)
+    developer = uuid.uuid4()
+    with loaders(loader_options, env, tmp_path) as start:
+        loader = start("loader")
+        first = Group(developer_id=developer)
+        produce_events(kafka_bootstrap, loader_options.topic, [first.event(1)])
+        wait_for("the first event loaded", lambda: versions(chdb_folder_url, [first]) != {}, 60)
+        with blackhole(port):
+            time.sleep(KAFKA_PARTITION_SECONDS)
+        healed = time.monotonic()
+        later = [Group(developer_id=developer) for _ in range(200)]
+        produce_events(
+            kafka_bootstrap,
+            loader_options.topic,
+            [g.event(v) for v in range(1, 11) for g in later] + [first.event(2)],
+        )
+        everyone = [first, *later]
+        expected = {g.id: 10 for g in later} | {first.id: 2}
+        wait_for(
+            "every version produced after the heal loaded",
+            lambda: versions(chdb_folder_url, everyone) == expected,
+            timeout=healed + 30 - time.monotonic(),
+        )
+        visible_after = time.monotonic() - healed
+        summary_, _took = loader.stop()
+    print(f"after the heal: everything visible {visible_after:.1f}s later; summary {summary_}")
+    assert summary_["dead_lettered"] == 0
+    rejoined = loader.err.read_text().count("joining it again with a new consumer")
+    assert (rejoined > 0) == (join_timeout is not None), loader.err.read_text()[-2000:]
