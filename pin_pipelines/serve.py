@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import dagster as dg
@@ -54,10 +55,17 @@ def _bin(name: str) -> str:
 
 
 WORKSPACE = str(SOURCE_ROOT / "workspace.yaml")
-#: How long a stop waits for the runs in flight: a stop ends a drain after its project in hand,
-#: a relay after its batch in hand, a load after its batch in hand.
-WIND_DOWN_SECONDS = 60.0
-UNFINISHED = [*IN_FLIGHT, dg.DagsterRunStatus.CANCELING]
+#: How long a stop waits for the runs in flight: a stop ends a drain after its project in hand
+#: (one stuck for 5 s is cancelled), a relay after its batch in hand, a load after its batch in
+#: hand. With CHILD_STOP_SECONDS, within the 30 s grace of Kubernetes' and Docker's stop.
+WIND_DOWN_SECONDS = 20.0
+#: Then each Dagster process gets this long to exit on SIGTERM before it is killed.
+CHILD_STOP_SECONDS = 5.0
+#: prctl(2): orphaned descendants are re-parented to this process instead of init.
+PR_SET_CHILD_SUBREAPER = 36
+QUEUED = dg.DagsterRunStatus.QUEUED
+#: Runs with a run worker (or about to get one): what a stop waits for.
+LAUNCHED = [s for s in (*IN_FLIGHT, dg.DagsterRunStatus.CANCELING) if s != QUEUED]
 
 
 def _ui_args(settings: Settings) -> list[str]:
@@ -75,12 +83,18 @@ def serve(settings: Settings) -> None:
     marker = settings.dagster_home / STOPPING_MARKER
     marker.unlink(missing_ok=True)  # left by a stop that did not finish
     stopping = stop_requested()
+    _adopt_orphans()
     commands = {
         "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
         "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
     }
+    # A process group of their own: Ctrl-C in the terminal signals the foreground group, and it
+    # must reach `pin serve` alone, which stops the runs first and its children after (issue 24:
+    # run workers that got the signal themselves ended FAILURE, and a run still launching was
+    # marked failed when its code server went down under it).
     children = {
-        name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT) for name, argv in commands.items()
+        name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT, process_group=0)
+        for name, argv in commands.items()
     }
     print(
         f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
@@ -90,7 +104,7 @@ def serve(settings: Settings) -> None:
     try:
         while not stopping() and all(child.poll() is None for child in children.values()):
             time.sleep(0.5)
-        if stopping() and all(child.poll() is None for child in children.values()):
+        if stopping():
             _wind_down(settings, env, marker)
     finally:
         marker.unlink(missing_ok=True)
@@ -99,13 +113,70 @@ def serve(settings: Settings) -> None:
                 child.terminate()
         for child in children.values():
             try:
-                child.wait(timeout=30)
+                child.wait(timeout=CHILD_STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
+        _stop_descendants(CHILD_STOP_SECONDS)
     if not stopping():
         for name, child in children.items():
             if child.returncode not in (None, 0, -signal.SIGTERM):
                 raise PinError(f"{name} exited with code {child.returncode}")
+
+
+def _adopt_orphans() -> None:
+    """Make `pin serve` the subreaper of what it starts: a code server or run worker whose parent
+    (the daemon, the webserver) died first stays its descendant, so `_stop_descendants` finds it
+    (issue 24: a code server once outlived a stop by minutes, parented to init)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print(
+            f"pin: prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}; orphaned "
+            "Dagster processes are not stopped with pin serve",
+            file=sys.stderr,
+        )
+
+
+def _descendants() -> list[int]:
+    """Every live descendant of this process, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        children = [pid for pid, ppid in parents.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _stop_descendants(grace: float) -> None:
+    """SIGTERM to what is left below this process (orphans it adopted, their children), SIGKILL
+    after `grace`, and reap the adopted ones: nothing of the instance outlives `pin serve`."""
+    left = _descendants()
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            _reap_adopted()
+            time.sleep(0.1)
+            left = [pid for pid in left if pid in _descendants()]
+    _reap_adopted()
+
+
+def _reap_adopted() -> None:
+    """Collect exited orphans (children only by adoption: no Popen waits for them)."""
+    with suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 @contextmanager
@@ -120,17 +191,21 @@ def open_instance(
 
 
 def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
-    """A clean stop: no new runs (the marker stops the sensors, and drains end after the project
-    in hand), then wait for the runs in flight, queued ones included, which the still-running
-    daemon launches and monitors. Only then are the daemon and the webserver stopped, so no run
-    is left launching on a code server that is shutting down (a FAILURE for a clean stop).
-    Bounded: past WIND_DOWN_SECONDS the daemon is stopped anyway and run monitoring settles
-    whatever was left when the instance next runs."""
+    """A clean stop: no new runs (the marker stops the sensors and schedules, drains end after
+    the project in hand), runs still queued are canceled (they had not started: the sensors and
+    schedules ask for them again after the next start), then wait for the runs in flight. Only
+    then are the daemon and the webserver stopped, so no run is left launching on a code server
+    that is shutting down (a FAILURE for a clean stop). Bounded: past WIND_DOWN_SECONDS the
+    daemon is stopped anyway and run monitoring settles whatever was left when the instance next
+    runs."""
     marker.touch()
     print("pin: stopping: no new runs; waiting for the runs in flight", file=sys.stderr)
     deadline = time.monotonic() + WIND_DOWN_SECONDS
     with open_instance(settings, env) as instance:
-        while instance.get_run_records(dg.RunsFilter(statuses=UNFINISHED), limit=1):
+        for record in instance.get_run_records(dg.RunsFilter(statuses=[QUEUED])):
+            # The coordinator's cancel: a run the daemon dequeues meanwhile is terminated.
+            instance.run_coordinator.cancel_run(record.dagster_run.run_id)
+        while instance.get_run_records(dg.RunsFilter(statuses=LAUNCHED), limit=1):
             if time.monotonic() > deadline:
                 print(
                     f"pin: runs still in flight after {WIND_DOWN_SECONDS:g}s; stopping anyway",

@@ -13,20 +13,16 @@ then records its summary (one materialization per run, never one per batch: the 
 small) and ends canceled or successful.
 """
 
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 
-from pin_pipelines.defs.common import instance_stopping
+from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.loader import LoadOptions, LoadSummary, load_continuously
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
-from pin_pipelines.signals import STOP_SIGNALS, stop_requested
 
 
 class LoadConfig(dg.Config):
@@ -52,27 +48,6 @@ def load_metadata(summary: LoadSummary) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def cancel_as_stop() -> Iterator[Callable[[], bool]]:
-    """A run cancel as a flag the load polls, instead of an exception at any point of it.
-
-    Dagster cancels a run by interrupting its main thread (SIGINT; SIGTERM is mapped onto it),
-    which raises DagsterExecutionInterruptedError wherever the op happens to be. Meanwhile these
-    signals only set a flag, so the batch in hand is stored and committed first; the previous
-    handlers come back afterwards. Off the main thread (no signal handlers there) the flag never
-    rises and a cancel interrupts as before.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    try:
-        yield stop_requested()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 @dg.asset(
     name="dim_layout_group",
     key_prefix=[],
@@ -88,14 +63,9 @@ def cancel_as_stop() -> Iterator[Callable[[], bool]]:
 def dim_layout_group(
     context: dg.AssetExecutionContext, config: LoadConfig, pin: PinSettings
 ) -> Iterator[dg.MaterializeResult]:
-    with cancel_as_stop() as canceled:
-
-        def should_stop() -> bool:
-            return canceled() or instance_stopping(context.instance)
-
+    with stopped_by_signal(context) as stop:
         summary = load_continuously(
-            pin.get(), LoadOptions(max_seconds=config.budget_seconds, should_stop=should_stop)
+            pin.get(), LoadOptions(max_seconds=config.budget_seconds, should_stop=stop.requested)
         )
     yield dg.MaterializeResult(metadata=load_metadata(summary))
-    if canceled():  # the run ends canceled, with its summary
-        raise dg.DagsterExecutionInterruptedError()
+    stop.end()  # a canceled run ends canceled, with its summary

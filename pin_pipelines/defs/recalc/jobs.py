@@ -4,7 +4,7 @@ from uuid import UUID
 
 import dagster as dg
 
-from pin_pipelines.defs.common import instance_stopping
+from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 from pin_pipelines.recalc.drain import drain_until_idle
 from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc, requeue_poisoned
@@ -24,15 +24,17 @@ def drain_recalc_queue(
     context: dg.OpExecutionContext, config: DrainConfig, pin: PinSettings
 ) -> None:
     """Drain due rows tick after tick until the queue is idle or the budget is spent."""
-    # A terminated run interrupts the op mid-project: that project's transaction rolls back
-    # whole, its row stays queued and its attempt is given back (the spec's cancellation rule).
-    # Per-project lines go to the run's stdout; the event log gets the summary below.
-    run = drain_until_idle(
-        pin.get().pg_dsn,
-        budget_seconds=config.budget_seconds,
-        correlation_prefix=context.run_id,
-        should_stop=lambda: instance_stopping(context.instance),
-    )
+    # A stop (the run terminated, `pin serve` stopping, a stop signal) ends the drain after the
+    # project in hand, which commits or rolls back whole; the rest stays queued (the spec's
+    # cancellation rule). Per-project lines go to the run's stdout; the event log gets the
+    # summary below.
+    with stopped_by_signal(context) as stop:
+        run = drain_until_idle(
+            pin.get().pg_dsn,
+            budget_seconds=config.budget_seconds,
+            correlation_prefix=context.run_id,
+            should_stop=stop.requested,
+        )
     summary = run.as_dict()
     metadata = {
         "processed": summary["processed"],
@@ -61,6 +63,7 @@ def drain_recalc_queue(
             f"failures: {ids}; see the no_poisoned_recalc_requests check and run"
             " requeue_poisoned_job"
         )
+    stop.end()
 
 
 @dg.job(tags=DRAIN_JOB_TAGS, description="Drain due project_recalc_requests (spec 000).")

@@ -6,7 +6,8 @@ launch later (issue 19). The sensor launches the successor shortly before the ru
 the successor waits for the relay lock (one publisher at a time, PostgreSQL advisory lock) and
 takes over when the run lets go of it: no gap beyond a producer's start, and no overlap that
 could reorder a key (the lock, and the transactional.id that fences a predecessor). A stop
-(run cancel, `pin serve` stopping) lets the batch in hand commit.
+(run cancel, `pin serve` stopping, a stop signal to the run worker) lets the batch in hand
+commit.
 """
 
 import time
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from pin_pipelines.config import Settings
-from pin_pipelines.defs.common import instance_stopping
+from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.errors import PinError
@@ -42,19 +43,20 @@ def relay_outbox(
     settings = pin.get()
     total = RelaySummary()
     deadline = time.monotonic() + config.budget_seconds
-
-    def should_stop() -> bool:
-        return time.monotonic() >= deadline or instance_stopping(context.instance)
-
     try:
         # One relay (one transactional producer) for the whole run. It holds the relay lock
         # meanwhile: the successor, or a `pin outbox relay` started by hand, waits for it.
-        with OutboxRelay(settings) as relay:
-            relay.run_until(should_stop, idle_seconds=config.poll_seconds, total=total)
+        with stopped_by_signal(context) as stop, OutboxRelay(settings) as relay:
+            relay.run_until(
+                lambda: time.monotonic() >= deadline or stop.requested(),
+                idle_seconds=config.poll_seconds,
+                total=total,
+            )
     except Exception:
         yield from _report(context, settings, total)
         raise
     yield from _report(context, settings, total)
+    stop.end()
     if total.last_error is not None:  # the run ended failing: red in the UI, with the reason
         raise dg.Failure(f"the relay was failing when its run ended: {total.last_error}")
 
