@@ -35,9 +35,11 @@ _CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: live peer's kernel acknowledges within milliseconds whatever its process is doing, so a long
 #: statement or a slow client never reaches the bound.
 DEAD_PEER_SECONDS = 15
-_KEEPALIVE_IDLE_SECONDS = DEAD_PEER_SECONDS // 3
-_KEEPALIVE_INTERVAL_SECONDS = 2
-_KEEPALIVE_COUNT = 3
+#: TCP keepalive (idle seconds, interval seconds, probes): a connection waiting for an answer
+#: from a peer that went silent ends after idle + probes × interval = 11 s. PostgreSQL (both
+#: ends) and the ClickHouse server's clients use it; librdkafka has keepalive on/off only.
+TCP_KEEPALIVE = (DEAD_PEER_SECONDS // 3, 2, 3)
+_KEEPALIVE_IDLE_SECONDS, _KEEPALIVE_INTERVAL_SECONDS, _KEEPALIVE_COUNT = TCP_KEEPALIVE
 #: The client's side, as libpq parameters: added to every connection string the project uses
 #: where it sets none of its own (a DSN's own `?tcp_user_timeout=…` wins), Dagster's storage URL
 #: included. keepalives end a connection that waits for an answer; tcp_user_timeout one whose

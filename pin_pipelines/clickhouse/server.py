@@ -19,6 +19,7 @@ from clickhouse_driver.errors import NetworkError, ServerException, SocketTimeou
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseError, ClickHouseUnavailable, Row
 from pin_pipelines.clickhouse.literals import Param, UuidSet, render
 from pin_pipelines.clickhouse.url import ServerAddress
+from pin_pipelines.config import TCP_KEEPALIVE
 
 #: The driver logs every refused connection with a traceback; callers get a PinError instead.
 logging.getLogger("clickhouse_driver.connection").setLevel(logging.ERROR)
@@ -60,7 +61,10 @@ class ServerClickHouse(ClickHouse):
             user=address.user,
             password=address.password,
             connect_timeout=connect_timeout,
+            # A live server answers a long statement late; a silent one (a partition) is found
+            # by keepalive well before the receive timeout (issue 24).
             send_receive_timeout=60,
+            tcp_keepalive=TCP_KEEPALIVE,
             sync_request_timeout=5,
             settings=CLUSTER_SETTINGS,
         )

@@ -72,6 +72,8 @@ from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 log = logging.getLogger("pin_pipelines.devstats")
 
 CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
+#: The longest wait between two attempts of a batch (a continuous load retries until its end).
+MAX_BACKOFF_SECONDS = 5.0
 #: Waiting for the group's assignment (join, or rejoin after a revocation or a lost session)
 #: longer than this ends a bounded cycle with one line, not a silent wait until max_seconds
 #: (coordinator unavailable); a continuous load joins again with a new consumer instead.
@@ -271,6 +273,7 @@ class _Cycle:
         self.continuous = continuous
         self.counters = counters
         self.summary = LoadSummary()
+        self.deadline = time.monotonic() + options.max_seconds
         #: Produced → visible of inserted events, seconds: a uniform sample of `freshness_seen`.
         self.freshness: list[float] = []
         self.freshness_seen = 0
@@ -311,7 +314,7 @@ class _Cycle:
         if partitions:
             self._subscribe()
             try:
-                self._consume(deadline=started + self.options.max_seconds)
+                self._consume()
             finally:
                 self.closing = True
         self.summary.lag = self._lag(partitions)
@@ -412,7 +415,7 @@ class _Cycle:
             state.clear()
         self.assigned = False
 
-    def _consume(self, deadline: float) -> None:
+    def _consume(self) -> None:
         """Poll until every assigned partition reached its watermark (a cycle), the deadline
         passed or `should_stop` (both modes).
 
@@ -422,18 +425,18 @@ class _Cycle:
         bounds the wait at a partition's end, and a call that returns early only loops.
         """
         try:
-            self._drain(deadline)
+            self._drain()
         finally:  # keep the progress of stored batches, also when a later batch fails
             self._commit_applied(asynchronous=False)
         self.summary.complete = self.assigned and not self.pending
 
-    def _drain(self, deadline: float) -> None:
+    def _drain(self) -> None:
         pending, nexts = self.pending, self.nexts
         batch_started = 0.0
         unassigned_since = time.monotonic()
         while (
             (self.continuous or pending or not self.assigned)
-            and time.monotonic() < deadline
+            and time.monotonic() < self.deadline
             and not self.options.should_stop()
         ):
             if self.assigned:
@@ -633,13 +636,25 @@ class _Cycle:
 
     def _retrying(self, batch: _Batch, writer: ClickHouse, failed: ClickHouseUnavailable) -> None:
         """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting
-        0.5 s, 1 s, 2 s, … before each; each waits for the server's answer."""
+        0.5 s, 1 s, 2 s, … (at most MAX_BACKOFF_SECONDS) before each; each waits for the server's
+        answer. A bounded cycle gives up after `attempts`; a continuous load goes on until its
+        deadline or stop, so an outage of ClickHouse (a partition: issue 24) costs it nothing but
+        the lag, which its warnings and the freshness alert show."""
         attempts = 1
-        while attempts < self.options.attempts:
+        while attempts < self.options.attempts or (
+            self.continuous and time.monotonic() < self.deadline and not self.options.should_stop()
+        ):
             # The failed insert may have landed or not: the guard must read, not trust memory.
             for key in batch.newest:
                 self.known_versions.pop(key, None)
-            time.sleep(self.options.backoff_seconds * 2 ** (attempts - 1))
+            wait = min(MAX_BACKOFF_SECONDS, self.options.backoff_seconds * 2 ** (attempts - 1))
+            log.warning(
+                "ClickHouse insert failed (attempt %d: %s); trying again in %gs",
+                attempts,
+                failed,
+                wait,
+            )
+            time.sleep(wait)
             attempts += 1
             try:
                 self._write(batch, writer)

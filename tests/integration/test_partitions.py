@@ -5,7 +5,9 @@ bounds end (config.DEAD_PEER_SECONDS, both ends of every PostgreSQL connection).
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,10 +16,16 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEAD_PEER_SECONDS
+from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.kafka import TOPIC_PROJECT
+from pin_pipelines.relay import topic_end_offsets as end_offsets
+from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
+from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
+from tests.integration.clickhouse_fixtures import server_url
 from tests.integration.test_devstats_continuous import (  # noqa: F401 (a fixture)
     chdb_folder_url,
     loader_env,
@@ -25,8 +33,15 @@ from tests.integration.test_devstats_continuous import (  # noqa: F401 (a fixtur
     versions,
     wait_for,
 )
-from tests.support.blackhole import blackhole
+from tests.integration.test_outbox_relay import TOPICS, outbox_count
+from tests.integration.test_relay_exactly_once import (  # noqa: F401 (a fixture)
+    assert_exactly_once_in_order,
+    backlog,
+    kafka,
+)
+from tests.support.blackhole import Direction, blackhole
 from tests.support.chessboard import make_building, make_object, make_project
+from tests.support.cli import run_pin, summary
 from tests.support.devstats import Group, produce_events
 from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slow_recalc
 from tests.support.truth import drift
@@ -185,3 +200,133 @@ def test_a_continuous_loader_rides_out_a_kafka_partition_with_no_operator(
     assert summary_["dead_lettered"] == 0
     rejoined = loader.err.read_text().count("joining it again with a new consumer")
     assert (rejoined > 0) == (join_timeout is not None), loader.err.read_text()[-2000:]
+
+
+# --- the continuous loader cut off from its ClickHouse server -----------------------------------
+
+#: How long the server is cut off: past the loader's batch attempts of a bounded cycle (5, with
+#: 0.5–4 s waits) and the dead-peer bound.
+CLICKHOUSE_PARTITION_SECONDS = 30.0
+
+
+@pytest.mark.parametrize("direction", ["both", "from_port"], ids=["partition", "answers-lost"])
+def test_a_continuous_loader_rides_out_its_clickhouse_server_going_silent(
+    direction: Direction,
+    private_clickhouse_server: LocalClickHouseServer,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: a continuous `pin devstats load` on a ClickHouse server (this test's own) has
+    loaded a first event when the server's port goes silent for 30 s, both ways (a partition)
+    or only the server's answers (`answers-lost`: the loader's inserts arrive and are stored,
+    it never hears so). Events keep arriving in Kafka meanwhile. Before issue 24 an insert whose
+    answer was lost waited out the 60 s receive timeout, and then a bounded number of attempts
+    decided whether the load lived. Now keepalive finds the silence within DEAD_PEER_SECONDS,
+    the load retries until the server answers, nothing is stored twice (the guard reads again
+    before each attempt), and every version is visible within 30 s of the heal."""
+    url = server_url(private_clickhouse_server)
+    summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
+    env = loader_env(url, kafka_bootstrap, pg_dsn, tmp_path)
+    developer = uuid.uuid4()
+    everyone = [Group(developer_id=developer) for _ in range(100)]
+    with loaders(loader_options, env, tmp_path) as start:
+        loader = start("loader")
+        produce_events(kafka_bootstrap, loader_options.topic, [everyone[0].event(1)])
+        wait_for("the first event loaded", lambda: versions(url, everyone[:1]) != {}, 60)
+        with blackhole(private_clickhouse_server.address.port, direction):
+            for version in range(1, 6):
+                produce_events(
+                    kafka_bootstrap, loader_options.topic, [g.event(version) for g in everyone]
+                )
+                time.sleep(CLICKHOUSE_PARTITION_SECONDS / 5)
+        healed = time.monotonic()
+        wait_for(
+            "every version loaded after the heal",
+            lambda: versions(url, everyone) == {g.id: 5 for g in everyone},
+            timeout=30,
+        )
+        visible_after = time.monotonic() - healed
+        assert loader.process.poll() is None, loader.err.read_text()[-2000:]
+        summary_, _took = loader.stop()
+    with open_clickhouse(url) as ch:
+        stored_twice = ch.rows(
+            f"SELECT LayoutGroupId, SourceVersion FROM {TABLE} WHERE DeveloperId = %(developer)s"
+            " GROUP BY LayoutGroupId, SourceVersion HAVING count() > 1",
+            {"developer": developer},
+        )
+    print(f"{direction}: everything visible {visible_after:.1f}s after the heal; {summary_}")
+    assert stored_twice == []
+
+
+# --- the continuous relay through a Kafka partition -------------------------------------------
+
+#: As in the trial that found the relay riding it out (issue 24): it must stay that way.
+RELAY_PARTITION_SECONDS = 25.0
+
+
+def test_a_continuous_relay_rides_out_a_kafka_partition_while_edits_keep_coming(
+    outbox: psycopg.Connection,
+    pg_dsn: str,
+    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """Tried: a continuous `pin outbox relay` (a real process, this module's own broker and
+    transactional.id) publishes while a writer commits 10 outbox events every 0.2 s, and the
+    broker's port is blackholed for 25 s mid-way; its open transaction's deliveries hang and
+    time out, its producer is re-made. After the heal it catches up within 30 s, and a
+    read_committed consumer sees every event exactly once with each key's Version increasing."""
+    bootstrap = kafka.settings.kafka_bootstrap
+    port = int(bootstrap.rsplit(":", 1)[1])
+    start = end_offsets(bootstrap, TOPICS)
+    env = {
+        **pin_env(pg_dsn),
+        "PIN_KAFKA_BOOTSTRAP": bootstrap,
+        "PIN_RELAY_TRANSACTIONAL_ID": f"pin-outbox-relay-{pg_dsn.rsplit('/', 1)[1]}-partition",
+    }
+    events: dict[str, list[str]] = {}
+    writing = threading.Event()
+    writing.set()
+
+    def write() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            while writing.is_set():
+                events.update(backlog(conn, keys=10, versions=1))
+                time.sleep(0.2)
+
+    err = tmp_path / "relay.err"
+    with err.open("w") as stderr:
+        relay = subprocess.Popen(
+            [PIN, "outbox", "relay"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    writer = threading.Thread(target=write, name="outbox-writer")
+    writer.start()
+    try:
+        time.sleep(5)
+        with blackhole(port):
+            time.sleep(RELAY_PARTITION_SECONDS)
+        healed = time.monotonic()
+        time.sleep(5)
+        writing.clear()
+        writer.join()
+        wait_for(
+            "the outbox empty", lambda: outbox_count(outbox) == 0, healed + 30 - time.monotonic()
+        )
+        caught_up = time.monotonic() - healed
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)
+    finally:
+        writing.clear()
+        writer.join()
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+    assert relay.returncode == 0, err.read_text()[-2000:]
+    print(f"relay: the outbox empty {caught_up:.1f}s after the heal (writes went on for 5 s)")
+    assert_exactly_once_in_order(bootstrap, start, events)
