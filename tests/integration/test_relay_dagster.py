@@ -14,9 +14,10 @@ import psycopg
 import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
+from pin_pipelines.defs.common import HANDOVER_SECONDS
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
-from pin_pipelines.defs.relay.sensors import HANDOVER_SECONDS, outbox_relay_sensor
+from pin_pipelines.defs.relay.sensors import outbox_relay_sensor
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP

@@ -5,11 +5,12 @@ assets.py), and on a ClickHouse server extra loads for a backlog."""
 import dagster as dg
 
 from pin_pipelines.defs.common import (
-    HANDOVER_SECONDS,
     STOPPING_REASON,
     ending_soon,
+    handover_seconds,
     in_flight_records,
     instance_stopping,
+    launch_latencies,
 )
 from pin_pipelines.defs.devstats.assets import LoadConfig
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
@@ -43,11 +44,13 @@ def dim_layout_group_sensor(
     max_runs = settings.devstats_max_load_runs
     runs = in_flight_records(context, dim_layout_group_job.name, limit=max_runs + 1)
     budget = LoadConfig().budget_seconds  # the successor loads beside it until it ends
-    staying = [r for r in runs if not ending_soon(r, "dim_layout_group", budget, HANDOVER_SECONDS)]
+    margin = handover_seconds(launch_latencies(context.instance, dim_layout_group_job.name))
+    staying = [r for r in runs if not ending_soon(r, "dim_layout_group", budget, margin)]
     tags = {"pin/unloaded_events": str(lag.events)}
     if not staying:
         if runs:  # every run in flight ends soon: its successor
             tags["pin/takes_over_from"] = runs[0].dagster_run.run_id
+            tags["pin/handover_seconds"] = f"{margin:.1f}"
         return dg.RunRequest(tags=tags)
     # Loads are consumers of one group: each more splits the partitions (on a ClickHouse server;
     # one on chdb, config.py). Another one joins only for a backlog, since each join costs a

@@ -5,11 +5,12 @@ import dagster as dg
 
 from pin_pipelines.db import connection
 from pin_pipelines.defs.common import (
-    HANDOVER_SECONDS,
     STOPPING_REASON,
     ending_soon,
+    handover_seconds,
     in_flight_records,
     instance_stopping,
+    launch_latencies,
 )
 from pin_pipelines.defs.relay.jobs import RelayConfig, outbox_relay_job
 from pin_pipelines.defs.resources import PinSettings
@@ -34,14 +35,16 @@ def outbox_relay_sensor(
     except PinError as exc:
         return dg.SkipReason(f"outbox unreadable: {exc}")
     runs = in_flight_records(context, outbox_relay_job.name, limit=2)
-    # The successor waits on the relay lock for the rest of the run in flight (HANDOVER_SECONDS,
-    # less than its 60 s lock_timeout).
+    # The successor waits on the relay lock for the rest of the run in flight (less than its
+    # 60 s lock_timeout).
     budget = RelayConfig().budget_seconds
-    if len(runs) == 1 and ending_soon(runs[0], "relay_outbox", budget, HANDOVER_SECONDS):
+    margin = handover_seconds(launch_latencies(context.instance, outbox_relay_job.name))
+    if len(runs) == 1 and ending_soon(runs[0], "relay_outbox", budget, margin):
         return dg.RunRequest(
             tags={
                 "pin/outbox_pending": str(backlog["pending"]),
                 "pin/takes_over_from": runs[0].dagster_run.run_id,
+                "pin/handover_seconds": f"{margin:.1f}",
             }
         )
     if runs:
