@@ -72,8 +72,6 @@ from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 log = logging.getLogger("pin_pipelines.devstats")
 
 CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
-#: The longest wait between two attempts of a batch (a continuous load retries until its end).
-MAX_BACKOFF_SECONDS = 5.0
 #: Waiting for the group's assignment (join, or rejoin after a revocation or a lost session)
 #: longer than this ends a bounded cycle with one line, not a silent wait until max_seconds
 #: (coordinator unavailable); a continuous load joins again with a new consumer instead.
@@ -636,18 +634,14 @@ class _Cycle:
 
     def _retrying(self, batch: _Batch, writer: ClickHouse, failed: ClickHouseUnavailable) -> None:
         """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting
-        0.5 s, 1 s, 2 s, … (at most MAX_BACKOFF_SECONDS) before each; each waits for the server's
-        answer. A bounded cycle gives up after `attempts`; a continuous load goes on until its
-        deadline or stop, so an outage of ClickHouse (a partition: issue 24) costs it nothing but
-        the lag, which its warnings and the freshness alert show."""
+        0.5 s, 1 s, 2 s, … before each; each waits for the server's answer (a silent server is
+        found by keepalive within DEAD_PEER_SECONDS: clickhouse/server.py)."""
         attempts = 1
-        while attempts < self.options.attempts or (
-            self.continuous and time.monotonic() < self.deadline and not self.options.should_stop()
-        ):
+        while attempts < self.options.attempts:
             # The failed insert may have landed or not: the guard must read, not trust memory.
             for key in batch.newest:
                 self.known_versions.pop(key, None)
-            wait = min(MAX_BACKOFF_SECONDS, self.options.backoff_seconds * 2 ** (attempts - 1))
+            wait = self.options.backoff_seconds * 2 ** (attempts - 1)
             log.warning(
                 "ClickHouse insert failed (attempt %d: %s); trying again in %gs",
                 attempts,
