@@ -74,13 +74,19 @@ def blackhole(ports: int | Sequence[int], direction: Direction = "both") -> Iter
             inserted.append(spec)
         yield
     finally:
-        failures = []
-        for spec in inserted:
-            result = _iptables("-D", *spec)
-            if result.returncode != 0:
-                failures.append(f"iptables -D {' '.join(spec)}: {result.stderr.strip()}")
+        failures = _delete(inserted)
         if failures:
-            raise RuntimeError("; ".join(failures))
+            raise RuntimeError(failures)
+
+
+def _delete(specs: Sequence[Sequence[str]]) -> str:
+    """Delete every rule of `specs`, each tried whatever happened to the others; what failed."""
+    failures = []
+    for spec in specs:
+        result = _iptables("-D", *spec)
+        if result.returncode != 0:
+            failures.append(f"iptables -D {' '.join(spec)}: {result.stderr.strip()}")
+    return "; ".join(failures)
 
 
 def remove_leftover_rules() -> list[str]:
@@ -316,15 +322,11 @@ def isolate(inside: Sequence[Peer], outside: Sequence[Peer]) -> Iterator[Isolati
         cut(_open_between(inside, outside))
         yield isolation
     finally:
-        failures = []
-        for spec in inserted:
-            result = _iptables("-D", *spec)
-            if result.returncode != 0:
-                failures.append(f"iptables -D {' '.join(spec)}: {result.stderr.strip()}")
+        failures = _delete(inserted)
         for pid, home in homes.items():
             _move(pid, home if home.is_dir() else root)
         for group in groups.values():
             if group.is_dir():
                 _empty_cgroup(group, root)
         if failures:
-            raise RuntimeError("; ".join(failures))
+            raise RuntimeError(failures)
