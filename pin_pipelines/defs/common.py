@@ -118,7 +118,7 @@ class RunStop:
         """After the op's work and its summary: a canceled run ends canceled."""
         if not self._signaled():
             return
-        run = self._context.instance.get_run_by_id(self._context.run_id)
+        run = self._context.instance.get_run_by_id(self._context.run.run_id)
         if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
             raise dg.DagsterExecutionInterruptedError()
 
