@@ -1,0 +1,675 @@
+/*
+ * The recalc queue protocol of spec 000, model-checked (issue 24).
+ *
+ * NW writers (API edits: a statement on property_objects or layouts whose trigger enqueues the
+ * project) and ND drains (pin_pipelines/recalc/drain.py, one project at a time) share ONE
+ * project, i.e. one row of chessboard.project_recalc_requests; a clock process gives time.
+ * Each Promela step is one SQL statement, or a statement and its COMMIT, of
+ * sql/postgres/migrations/0001 (request_project_recalc), 0006 (claims) and
+ * sql/postgres/queries/recalc.sql, named in the comment at the step:
+ *
+ *   writer   BEGIN (now() = t)
+ *            UPDATE layouts | property_objects, then its AFTER STATEMENT trigger
+ *            request_project_recalc: INSERT ... ON CONFLICT DO UPDATE (waits for a held row)
+ *            COMMIT
+ *   drain    claim_due_request + COMMIT (its own transaction: attempt_count + 1, attempted_at)
+ *            lock_claimed_request FOR UPDATE (waits, under lock_timeout)
+ *              NULL -> "deferred", COMMIT (the claim is not given back)
+ *              lock_timeout -> ROLLBACK, then release_claim in autocommit (_give_back)
+ *            SAVEPOINT; lock_project FOR NO KEY UPDATE (waits, under lock_timeout)
+ *              LockNotAvailable -> ROLLBACK TO SAVEPOINT; release_claim; COMMIT ("deferred")
+ *            recalc_buildings, recalc_layouts, recalc_layout_groups, recalc_project (the read)
+ *            delete_request; COMMIT                                       ("recalculated")
+ *            or a failing statement: ROLLBACK TO SAVEPOINT; record_failure; COMMIT ("failed")
+ *            or a stop: ROLLBACK; release_claim in autocommit             ("interrupted")
+ *            or death anywhere after the claim: ROLLBACK by the server, the claim stays counted
+ *
+ * Abstraction.
+ *  - Time is a byte of discrete ticks (`now`). The clock ticks only while a comparison with it
+ *    can still change: a writer may still begin (now <= WEND), or the row waits for its due_at
+ *    or its retry interval. now() is a transaction's start, as in PostgreSQL: a writer takes
+ *    t = now at BEGIN and its upsert uses t however long it waited for the row.
+ *  - chessboard.recalc_settings are small constants: DEBOUNCE (30 s) = 2, CAP (starvation_cap,
+ *    5 min) = 3, RETRY (retry_interval, 5 s) = 1 tick; POISON (poison_attempts) = 5, the real
+ *    value. DEBOUNCE <= CAP, as the defaults are.
+ *  - attempted_at is the claim's now. As in the SQL it is the retry clock and the claim's
+ *    identity at once (lock_claimed_request and release_claim match on it); with RETRY >= 1 two
+ *    running claims of one row never carry the same stamp (asserted where a re-lock matches),
+ *    which PostgreSQL's microsecond timestamps give in practice.
+ *  - Row locks are owner variables: qlock (the queue row: the claim's FOR UPDATE, held only
+ *    within its atomic step; lock_claimed_request's FOR UPDATE; the upsert, which also holds a
+ *    row it INSERTed until its COMMIT) and hlock (the project's projects/buildings/layouts/
+ *    layout_groups rows: lock_project against a layout edit's UPDATE). A blocked statement is a
+ *    guard. Transactions waiting for the queue row are counted in qwaiters: a waiter holds
+ *    PostgreSQL's tuple lock, so FOR UPDATE SKIP LOCKED passes over the row and the freed lock
+ *    goes to a waiter, not to a claim. A drain's wait may end by lock_timeout at any moment: it
+ *    is half of deadlock_timeout (drain.py), so the drain always gives up before the deadlock
+ *    detector would abort the edit; writers wait without limit and never abort.
+ *  - Read Committed: lock_claimed_request and release_claim wait for a locked row only when the
+ *    version they see matches their WHERE (attempted_at = the claim's); an uncommitted INSERT
+ *    (row_new) or a row stamped by another claim is passed over at once (NULL, no update); a
+ *    statement that waited evaluates its WHERE on the row as the holder committed it.
+ *  - Truth: `committed` counts committed source writes; the recalc statements read
+ *    seen = committed (their snapshots; no writer can commit between them, since it needs the
+ *    queue row the drain holds: asserted at the commit); the aggregates are right when the last
+ *    successful recalc saw every committed write (fresh == committed): they are a pure function
+ *    of the source rows, so seeing the last write is seeing them all.
+ *  - Faults, bounded so the state space is finite: drains die (OOM kill, lost connection) at
+ *    most MAX_DEATHS = 1 times in all and are stopped (SIGTERM, a run's budget: QueryCanceled,
+ *    the attempt is given back) at most MAX_STOPS = 1 times; a recalc statement fails any
+ *    number of times; the clock ticks while a claim runs (a drain stalled past the retry
+ *    interval, which lets another drain claim the row again) at most MAX_STALLS = 1 times. A
+ *    dead drain comes back as a new session.
+ *  - A drain with nothing ready waits until a row is ready instead of polling (a poll that finds
+ *    nothing changes nothing). With the waiters' priority above, no run can cycle without
+ *    progress, so no fairness assumption is needed: `pan -a` without -f checks the LTL formula
+ *    on every run, which is stronger than under weak fairness (-f gives the same result at
+ *    about ten times the cost: compile with -DNFAIR=3).
+ *
+ * Where the model differs from the SQL and Python, on purpose:
+ *  - one project: the claim's ORDER BY due_at / LIMIT 1, batches, the tick's `attempted`
+ *    exclusion (with one project it only ends the tick, and the next tick may claim at once, as
+ *    drain_until_idle does) and the raisers' project_id lock order are not exercised;
+ *  - WRITES = 1 transaction per writer, of one statement: writer 1 edits a layout (a row
+ *    lock_project needs), writer 2 a property object (no row a drain locks); a longer
+ *    transaction is the interleavings in which the writer holds its locks before its COMMIT;
+ *  - requested_count, last_reason, tenant_id, last_error, updated_at and the counters
+ *    (record_outcome, record_tick, count_poisoned) are left out: no protocol step reads them;
+ *  - archived or deleted projects (delete_request without a recalc), the runbook's
+ *    force_request and requeue_request, writers that roll back, and server crashes (so the
+ *    claim's synchronous_commit = off) are not modelled;
+ *  - the claim's transaction is one atomic step (a drain dying inside it leaves nothing);
+ *    the recalc's failure points are one choice after the read (a rollback to the savepoint
+ *    undoes the same whichever statement failed); a death or a stop is offered at the points
+ *    where what it undoes differs (between the claim and the work, in the work, before
+ *    release_claim);
+ *  - a lock_timeout on lock_claimed_request makes _process_next give the claim back and then
+ *    re-raise, so the tick (and the Dagster run) fails; the model goes on with the next tick.
+ *
+ * Properties: assertions (the monitor checks them in every state; the rest at their step) and
+ * the LTL formula no_trigger_lost.
+ *  1. no trigger lost: fresh == committed or the row is queued, in every state; a recalc
+ *     commits with the snapshot it read; every final state has every writer done and
+ *     fresh == committed or the row poisoned (it stays for triage); LTL
+ *     <>[] (all writers done && (fresh == committed || poisoned)), on every run.
+ *  2. mutual exclusion: at most one drain between lock_claimed_request and its COMMIT.
+ *  3. cap: due_at <= first_requested_at + CAP after every upsert (nothing else writes due_at).
+ *  4. poison after exactly POISON failed attempts: attempt_count == failures + running claims
+ *     of this row (failures: attempts that ended counted, i.e. record_failure, a drain dead
+ *     after its claim, a claim superseded by another drain's), and never above POISON; so a
+ *     row is poisoned (attempt_count >= POISON, no attempt running) exactly when POISON
+ *     attempts failed; a claim asserts fewer than POISON failures (never claimed after).
+ *
+ * Deliberately broken variants (spin must report an error for each):
+ *  -DBUG_NO_RELOCK         the work transaction reads the claimed row without FOR UPDATE: a
+ *                          request arriving during the recalc is no longer held off, and
+ *                          delete_request (unconditional: the lock is what makes it safe)
+ *                          deletes it (1, with -DND=1); a second drain claims the row once
+ *                          RETRY has passed and works at the same time (2);
+ *  -DBUG_NO_CAP            request_project_recalc's update without least(.., first + cap) (3);
+ *  -DBUG_CLAIM_NO_LOCK     claim_due_request's CTE without FOR UPDATE SKIP LOCKED: two drains
+ *                          both pick the row, and the second UPDATE (it re-checks only
+ *                          project_id) counts an attempt past the poison threshold (4);
+ *  -DBUG_RELEASE_UNGUARDED release_claim matching project_id only: a superseded claim that is
+ *                          given back gives back another drain's attempt (4);
+ *  -DBUG_LEASE_NO_EXPIRY   the claim as a lease without expiry (only a row never attempted,
+ *                          given back or failed is ready): a drain dying after its claim parks
+ *                          the row for ever, unpoisoned (1: the final state, and the LTL run
+ *                          with -A, which ignores assertions, finds the acceptance cycle).
+ * Reachability probes (-DREACH_<name>: spin must report the probe's assertion, so the checks
+ * above are not vacuous): POISON, INSERT_AFTER_WAIT (a request that waited for a recalc
+ * inserts a new row), DEFER, SUPERSEDED, RELOCK_TIMEOUT (lock_claimed_request times out on a
+ * row a writer upserted after the claim: _process_next gives the claim back and re-raises, so
+ * the tick and its Dagster run fail), DEATH, STOP, FAILURE, and
+ * POISON_VIEW_EARLY: chessboard.poisoned_recalc_requests() (FOR KEY SHARE SKIP LOCKED skips
+ * only a drain's FOR UPDATE) lists a row whose fifth attempt is still running, between its
+ * claim and lock_claimed_request (or while that waits for a writer, or before release_claim):
+ * chessboard_recalc_poisoned_requests can count a row that then recalculates fine.
+ *
+ * Run (tests/model/test_recalc_queue_model.py runs these, and the variants, in a tmp dir):
+ *   spin -a model/recalc_queue.pml
+ *   cc -O2 -DSAFETY -DNOCLAIM -o pan pan.c && ./pan -m10000    # assertions, final states
+ *   cc -O2 -o pan pan.c && ./pan -a -m10000                     # + LTL no_trigger_lost
+ *   spin -DBUG_NO_CAP -a model/recalc_queue.pml && ... && spin -DBUG_NO_CAP -t recalc_queue.pml
+ *                                             # the counterexample, one line per SQL step
+ */
+
+#ifndef NW
+#define NW 2            /* writers */
+#endif
+#ifndef WRITES
+#define WRITES 1        /* transactions per writer */
+#endif
+#ifndef ND
+#define ND 2            /* drains */
+#endif
+#ifndef DEBOUNCE
+#define DEBOUNCE 2
+#endif
+#ifndef CAP
+#define CAP 3
+#endif
+#ifndef RETRY
+#define RETRY 1
+#endif
+#ifndef POISON
+#define POISON 5
+#endif
+#ifndef WEND
+#define WEND 2          /* writers begin transactions while now <= WEND */
+#endif
+#ifndef MAX_DEATHS
+#define MAX_DEATHS 1
+#endif
+#ifndef MAX_STOPS
+#define MAX_STOPS 1
+#endif
+#ifndef MAX_STALLS
+#define MAX_STALLS 1    /* clock ticks while a claim of the row is running */
+#endif
+
+#define NONE 255            /* attempted_at IS NULL; no claim */
+#define MIN(a, b) ((a) < (b) -> (a) : (b))
+
+/* chessboard.project_recalc_requests: the project's row */
+bool row;               /* a version of the row exists */
+bool row_new;           /* ... and it is an INSERT not yet committed */
+byte due_at;
+byte first_at;          /* first_requested_at */
+byte attempts;          /* attempt_count */
+byte attempted_at = NONE;
+
+byte qlock;             /* holder of the queue row's lock (0: none) */
+byte qwaiters;          /* transactions queued for it (their tuple lock makes SKIP LOCKED skip) */
+byte hlock;             /* holder of the project's hierarchy rows' locks */
+byte now;
+
+/* ghosts: the model's bookkeeping, read by no SQL step (live and stalls bound the clock) */
+byte committed;         /* committed source writes */
+byte fresh;             /* committed writes seen by the last successful recalc */
+byte failures;          /* attempts of this row incarnation that ended counted */
+byte live;              /* claims of this row incarnation still running */
+byte inc;               /* row incarnation (inserts so far) */
+byte in_work;           /* drains inside a work transaction holding the claimed row */
+byte deaths;
+byte stops;
+byte stalls;            /* ticks while a claim of the row was running */
+byte wdone;             /* writers finished */
+byte probe_hit;
+
+#define R_INSERT_AFTER_WAIT 1
+#define R_DEFER 2
+#define R_SUPERSEDED 4
+#define R_RELOCK_TIMEOUT 8
+#define R_DEATH 16
+#define R_STOP 32
+#define R_FAILURE 64
+
+#define POISONED (row && attempts >= POISON)
+#define ALL_DONE (wdone == NW)
+
+/* a probe marks only its own step: no other bit enters the state vector */
+#if defined(REACH_POISON)
+#define PROBE (POISONED && live == 0)
+#elif defined(REACH_POISON_VIEW_EARLY)
+/* chessboard.poisoned_recalc_requests() (migration 0006: attempt_count >= poison_attempts,
+   FOR KEY SHARE SKIP LOCKED, which skips only a drain's FOR UPDATE) lists the row while its
+   last attempt is still running, so not yet failed */
+#define PROBE (row && !row_new && attempts >= POISON && qlock <= NW && failures < POISON)
+#elif defined(REACH_INSERT_AFTER_WAIT)
+#define PROBE_BIT R_INSERT_AFTER_WAIT
+#elif defined(REACH_DEFER)
+#define PROBE_BIT R_DEFER
+#elif defined(REACH_SUPERSEDED)
+#define PROBE_BIT R_SUPERSEDED
+#elif defined(REACH_RELOCK_TIMEOUT)
+#define PROBE_BIT R_RELOCK_TIMEOUT
+#elif defined(REACH_DEATH)
+#define PROBE_BIT R_DEATH
+#elif defined(REACH_STOP)
+#define PROBE_BIT R_STOP
+#elif defined(REACH_FAILURE)
+#define PROBE_BIT R_FAILURE
+#endif
+#ifdef PROBE_BIT
+#define PROBE (probe_hit != 0)
+#define MARK(b) probe_hit = probe_hit | ((b) & PROBE_BIT)
+#else
+#define MARK(b) skip
+#endif
+#ifndef PROBE
+#define PROBE false
+#endif
+
+/* the end of an attempt: the drain forgets its claim (in the step that ends it) */
+#define FORGET stamp = NONE; prev = NONE; myinc = 0; seen = 0; ok = false
+
+/* claim_due_request's ready CTE on the committed row */
+#ifdef BUG_LEASE_NO_EXPIRY
+#define RETRY_GATE (attempted_at == NONE)
+#else
+#define RETRY_GATE (attempted_at == NONE || attempted_at + RETRY <= now)
+#endif
+#define READY (row && !row_new && due_at <= now && attempts < POISON && RETRY_GATE)
+
+/* time matters while a writer may still begin, or the row waits for due_at or its retry */
+#define TIME_MATTERS ((wdone < NW && now <= WEND) || \
+    (row && attempts < POISON && \
+     (now < due_at || (attempted_at != NONE && now < attempted_at + RETRY))))
+
+/* a statement of the work transaction may write the row: it holds the row (or, without the
+ * re-lock of the bug variant, takes it for that statement and the commit) */
+#define MAY_WRITE_ROW (qlock == 0 || qlock == me || row_new)
+#define UNLOCK_Q \
+    if \
+    :: qlock == me -> qlock = 0 \
+    :: else -> skip \
+    fi
+
+/* lock_claimed_request and release_claim (WHERE project_id = .. AND attempted_at = ..) wait
+ * only for a row whose version they see matches: one that does not, or an uncommitted INSERT,
+ * is passed over at once; while the row is locked its attempted_at is the committed one */
+#define SEES_NO_MATCH (row_new || !row || attempted_at != stamp)
+#ifdef BUG_RELEASE_UNGUARDED
+#define RELEASE_NO_WAIT (qlock == 0 || row_new || !row)
+#else
+#define RELEASE_NO_WAIT (qlock == 0 || SEES_NO_MATCH)
+#endif
+
+/* an attempt ends without giving its count back (failure, death, superseded claim) */
+#define END_COUNTED \
+    if \
+    :: row && inc == myinc -> failures++; live-- \
+    :: else -> skip \
+    fi
+
+/* release_claim(project_id, attempted_at, previous_attempted_at, ...): the ghosts follow the
+ * guarded statement (it gives back this claim's own count or nothing); the bug variant's SQL
+ * does not check the stamp */
+#ifdef BUG_RELEASE_UNGUARDED
+#define RELEASE \
+    if \
+    :: row && !row_new && attempted_at == stamp -> live-- \
+    :: else -> END_COUNTED \
+    fi; \
+    if \
+    :: row && !row_new -> attempts--; attempted_at = prev \
+    :: else -> skip \
+    fi
+#else
+#define RELEASE \
+    if \
+    :: row && !row_new && attempted_at == stamp -> attempts--; attempted_at = prev; live-- \
+    :: else -> END_COUNTED \
+    fi
+#endif
+
+/* record_failure: last_error only (the claim counted the attempt); in the lease variant a
+ * failure hands the lease back */
+#ifdef BUG_LEASE_NO_EXPIRY
+#define RECORD_FAILURE \
+    if \
+    :: row && !row_new && attempted_at == stamp -> attempted_at = NONE \
+    :: else -> skip \
+    fi
+#else
+#define RECORD_FAILURE skip
+#endif
+
+/* request_project_recalc's INSERT ... ON CONFLICT DO UPDATE, with the row lock in hand */
+inline upsert()
+{
+    qlock = me;
+    if
+    :: !row ->
+       /* no row (never queued, or deleted by a recalc while this waited): INSERT, due_at =
+          now() + debounce, first_requested_at = now(); invisible till the COMMIT */
+       row = true; row_new = true;
+       due_at = t + DEBOUNCE; first_at = t; attempts = 0; attempted_at = NONE;
+       if
+       :: waited -> MARK(R_INSERT_AFTER_WAIT)   /* it waited for a recalc that deleted the row */
+       :: else -> skip
+       fi;
+       inc++; failures = 0; live = 0;
+       printf("writer %d: request_project_recalc INSERT: due_at %d, first_requested_at %d\n",
+              me, due_at, first_at)
+    :: else ->
+       /* ON CONFLICT DO UPDATE: due_at = least(now() + debounce, first_requested_at + cap) */
+#ifdef BUG_NO_CAP
+       due_at = t + DEBOUNCE;
+#else
+       due_at = MIN(t + DEBOUNCE, first_at + CAP);
+#endif
+       printf("writer %d: request_project_recalc ON CONFLICT DO UPDATE: due_at %d\n", me, due_at)
+    fi;
+    assert(due_at <= first_at + CAP)         /* 3: the starvation cap */
+}
+
+proctype writer(byte me; bool layout)
+{
+    byte k;
+    byte t;
+    bool waited;
+
+    do
+    :: atomic {
+           k < WRITES && now <= WEND ->
+           /* BEGIN: now() is this transaction's start */
+           t = now;
+           printf("writer %d: BEGIN, now() = %d\n", me, t)
+       };
+       atomic {
+           /* UPDATE chessboard.layouts ... (rows lock_project locks too: it waits for them) or
+              UPDATE chessboard.property_objects ... (no row a drain locks) */
+           !layout || hlock == 0 ->
+           if
+           :: layout -> hlock = me; printf("writer %d: UPDATE chessboard.layouts\n", me)
+           :: else -> printf("writer %d: UPDATE chessboard.property_objects\n", me)
+           fi;
+           /* the statement's AFTER trigger: chessboard.request_project_recalc (migration
+              0001); it waits, queued, for a row lock another transaction holds */
+           if
+           :: qlock == 0 -> upsert(); waited = false
+           :: else ->
+              qwaiters++; waited = true;
+              printf("writer %d: request_project_recalc waits for the queue row (held by %d)\n",
+                     me, qlock)
+           fi
+       };
+       if
+       :: waited -> atomic { qlock == 0 -> qwaiters--; upsert() }
+       :: else -> skip
+       fi;
+       /* COMMIT: the write and its request become visible together */
+       atomic {
+           committed++; row_new = false; qlock = 0;
+           printf("writer %d: COMMIT (committed writes: %d)\n", me, committed);
+           if
+           :: layout -> hlock = 0
+           :: else -> skip
+           fi;
+           k++; t = 0; waited = false
+       }
+    :: else -> break
+    od;
+    wdone++
+}
+
+/* lock_claimed_request(project_id, attempted_at), once the row is free (or only an invisible
+   INSERT holds it): this claim's row, locked till the end; or NULL: "deferred", COMMIT, the
+   claim is not given back (it was superseded by another drain's claim, or recalculated) */
+inline relocked()
+{
+    if
+    :: row && !row_new && attempted_at == stamp ->
+       assert(inc == myinc);                 /* the stamp identifies the claim */
+#ifndef BUG_NO_RELOCK
+       qlock = me;
+#endif
+       in_work++;
+       printf("drain %d: lock_claimed_request: the row is this claim's\n", me)
+    :: else ->
+       if
+       :: row && inc == myinc -> MARK(R_SUPERSEDED)
+       :: else -> skip
+       fi;
+       END_COUNTED;
+       printf("drain %d: lock_claimed_request: NULL, deferred (the claim stays counted)\n", me);
+       FORGET;
+       goto end_tick
+    fi
+}
+
+/* the claim: counted and stamped */
+inline claim()
+{
+    assert(attempts < POISON && failures < POISON);  /* 4: never claimed after poison */
+    prev = attempted_at; stamp = now; attempted_at = now; attempts++; live++; myinc = inc;
+    printf("drain %d: claim_due_request; COMMIT: attempt_count %d, attempted_at %d\n",
+           me, attempts, stamp)
+}
+
+proctype drain(byte me)
+{
+    byte stamp = NONE;  /* the claim's attempted_at */
+    byte prev = NONE;   /* its previous_attempted_at */
+    byte myinc;
+    byte seen;
+    bool ok;
+
+end_tick:
+    /* _process_next */
+#ifdef BUG_CLAIM_NO_LOCK
+    /* the ready CTE as a plain read; then the UPDATE ... FROM ready waits for the row lock and
+       re-checks only r.project_id = ready.project_id */
+    atomic { READY -> ok = true };
+    if
+    :: ok ->
+       atomic {
+           (qlock == 0 || row_new) ->
+           if
+           :: row && !row_new -> claim()
+           :: else -> ok = false
+           fi
+       }
+    :: else -> skip
+    fi;
+    if
+    :: !ok -> goto end_tick
+    :: else -> skip
+    fi;
+    if
+    :: atomic {
+           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); END_COUNTED;
+           printf("drain %d dies before its work transaction\n", me);
+           FORGET; goto end_tick
+       }
+    :: true -> skip
+    fi;
+#else
+    /* claim_due_request in its own transaction (relax_commit_durability; the UPDATE of the
+       row its CTE locked FOR UPDATE SKIP LOCKED, which passes over a row locked or waited
+       for; COMMIT) */
+    atomic {
+        if
+        :: READY && qlock == 0 && qwaiters == 0 -> claim()
+        :: READY && qlock == 0 && qwaiters == 0 && deaths < MAX_DEATHS ->
+           /* ... and the drain dies before its work transaction: the claim stays counted */
+           claim(); deaths++; MARK(R_DEATH); END_COUNTED;
+           printf("drain %d dies before its work transaction\n", me);
+           FORGET; goto end_tick
+        fi                          /* (nothing ready: the drain polls; here it waits) */
+    };
+#endif
+
+    /* the work transaction (_attempt): limit_waits; lock_claimed_request ... FOR UPDATE */
+#ifdef BUG_NO_RELOCK
+    atomic { relocked() };
+#else
+    atomic {
+        if
+        :: qlock == 0 || SEES_NO_MATCH -> relocked(); ok = true
+        :: else ->
+           qwaiters++; ok = false;
+           printf("drain %d: lock_claimed_request waits for the row (held by %d)\n", me, qlock)
+        fi
+    };
+    if
+    :: ok -> skip
+    :: atomic { !ok && (qlock == 0 || SEES_NO_MATCH) -> qwaiters--; relocked() }
+    :: atomic {
+           !ok ->
+           /* lock_timeout, or a stop's cancel, while another transaction holds the row: the
+              exception leaves _attempt (ROLLBACK) and _process_next gives the claim back */
+           qwaiters--;
+           if
+           :: qlock != 0 && qlock <= NW -> MARK(R_RELOCK_TIMEOUT)    /* a writer holds it */
+           :: else -> skip
+           fi;
+           printf("drain %d: lock_claimed_request: lock_timeout, ROLLBACK\n", me)
+       };
+       goto give_back
+    fi;
+#endif
+
+    /* SAVEPOINT; lock_project: project, buildings, layouts, layout groups FOR NO KEY UPDATE;
+       then recalc_buildings, recalc_layouts, recalc_layout_groups, recalc_project, each on its
+       Read Committed snapshot (no writer can commit in between: it needs the queue row) */
+    if
+#ifdef BUG_NO_RELOCK
+    :: atomic { hlock == 0 -> hlock = me };
+       atomic { seen = committed; printf("drain %d: recalc_* read %d writes\n", me, seen) }
+#else
+    :: atomic {
+           hlock == 0 -> hlock = me; seen = committed;
+           printf("drain %d: lock_project; recalc_* read %d writes\n", me, seen)
+       }
+#endif
+    :: atomic {
+           hlock != 0 && MAY_WRITE_ROW ->
+           /* LockNotAvailable: ROLLBACK TO SAVEPOINT; release_claim (the row still locked by
+              this transaction); COMMIT: "deferred", no attempt counted */
+           MARK(R_DEFER);
+           RELEASE; in_work--; UNLOCK_Q;
+           printf("drain %d: lock_project: LockNotAvailable; release_claim; COMMIT (deferred)\n",
+                  me);
+           FORGET; goto end_tick
+       }
+    fi;
+
+    if
+    :: atomic {
+           MAY_WRITE_ROW ->
+           /* delete_request (unconditional); record_outcome; COMMIT */
+           assert(seen == committed);        /* 1: nothing committed during the recalc */
+           if
+           :: row && !row_new ->
+              row = false; due_at = 0; first_at = 0; attempts = 0; attempted_at = NONE
+           :: else -> skip
+           fi;
+           if
+           :: seen > fresh -> fresh = seen
+           :: else -> skip
+           fi;
+           in_work--; hlock = 0; UNLOCK_Q;
+           printf("drain %d: delete_request; COMMIT\n", me);
+           FORGET; goto end_tick
+       }
+    :: atomic {
+           MAY_WRITE_ROW ->
+           /* a statement fails: ROLLBACK TO SAVEPOINT (releases the hierarchy rows);
+              record_failure (the queue row still locked); record_outcome; COMMIT */
+           MARK(R_FAILURE);
+           RECORD_FAILURE; hlock = 0; END_COUNTED; in_work--; UNLOCK_Q;
+           printf("drain %d: a recalc fails: ROLLBACK TO SAVEPOINT; record_failure; COMMIT\n",
+                  me);
+           FORGET; goto end_tick
+       }
+    :: atomic {
+           deaths < MAX_DEATHS ->
+           /* the drain dies: the work rolls back, the claim stays counted */
+           deaths++; MARK(R_DEATH);
+           hlock = 0; UNLOCK_Q; in_work--; END_COUNTED;
+           printf("drain %d dies in its work transaction\n", me);
+           FORGET; goto end_tick
+       }
+    :: atomic {
+           stops < MAX_STOPS ->
+           /* a stop: QueryCanceled after the grace, the work transaction rolls back */
+           stops++; MARK(R_STOP); hlock = 0; UNLOCK_Q; in_work--;
+           printf("drain %d: stopped: QueryCanceled, ROLLBACK\n", me)
+       };
+       goto give_back
+    fi;
+
+give_back:
+    /* _give_back: release_claim in autocommit (it waits for the row lock, queued) */
+    if
+    :: atomic {
+           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); END_COUNTED;
+           printf("drain %d dies before release_claim\n", me);
+           FORGET
+       }
+    :: atomic {
+           RELEASE_NO_WAIT -> RELEASE;
+           printf("drain %d: release_claim: attempt_count %d, attempted_at %d\n",
+                  me, attempts, attempted_at);
+           FORGET
+       }
+    :: atomic { !RELEASE_NO_WAIT -> qwaiters++ };
+       atomic {
+           RELEASE_NO_WAIT -> qwaiters--; RELEASE;
+           printf("drain %d: release_claim: attempt_count %d, attempted_at %d\n",
+                  me, attempts, attempted_at);
+           FORGET
+       }
+    fi;
+    goto end_tick
+}
+
+proctype clock()
+{
+end_clock:
+    do
+    :: d_step {
+           TIME_MATTERS && (live == 0 || stalls < MAX_STALLS) ->
+           if
+           :: live > 0 -> stalls++
+           :: else -> skip
+           fi;
+           now++;
+           assert(now < NONE - CAP - DEBOUNCE);
+           printf("clock: now %d\n", now)
+       }
+    od
+}
+
+/* the properties, checked in every state the monitor can observe (between atomic steps) */
+proctype monitor()
+{
+end_monitor:
+    atomic {
+        !(fresh == committed || (row && !row_new)) ||
+        !(in_work <= 1) ||
+        !(!row || (attempts == failures + live && attempts <= POISON)) ||
+        !(!(POISONED && live == 0) || failures == POISON) ||
+        PROBE ->
+        assert(fresh == committed || (row && !row_new));     /* 1: no trigger lost */
+        assert(in_work <= 1);                                /* 2: mutual exclusion */
+        assert(!row || (attempts == failures + live && attempts <= POISON)); /* 4 */
+        assert(!(POISONED && live == 0) || failures == POISON);             /* 4 */
+        assert(!PROBE)                                       /* a probe: reachable */
+    }
+}
+
+/* every run ends (idle drains wait for a ready row, the clock stops once time no longer
+ * matters): in the final state every writer is done, nothing is locked or waited for, and the
+ * last write was recalculated or the row is poisoned (the LTL formula says the same of every
+ * infinite run, and that there is none that cycles without getting there) */
+proctype final()
+{
+end_final:
+    timeout ->
+    assert(ALL_DONE && qlock == 0 && qwaiters == 0 && hlock == 0 && in_work == 0);
+    assert(fresh == committed || POISONED)
+}
+
+init
+{
+    byte i;
+
+    atomic {
+        i = 1;
+        do
+        :: i <= NW -> run writer(i, i == 1); i++   /* writer 1 edits a layout */
+        :: i > NW && i <= NW + ND -> run drain(i); i++
+        :: else -> break
+        od;
+        run clock();
+        run monitor();
+        run final();
+        i = 0
+    }
+}
+
+ltl no_trigger_lost { <> [] (ALL_DONE && (fresh == committed || POISONED)) }
