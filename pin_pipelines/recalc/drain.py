@@ -316,6 +316,13 @@ def _process_next(
     try:
         with span:
             result = _attempt(conn, claim, started, should_stop)
+    except pg_errors.LockNotAvailable:
+        # lock_claimed_request waited past lock_timeout for a raiser's upsert of the claimed row
+        # (an edit in flight since the claim's commit): contention, like a lock wait inside the
+        # project, defers it with its attempt given back, and the tick goes on (spec: continue
+        # over the batch), instead of failing the whole run.
+        _give_back(conn, claim)
+        result = ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
     except pg_errors.QueryCanceled:
         if not should_stop():
             raise

@@ -10,7 +10,9 @@ import time
 from uuid import UUID
 
 import psycopg
+import pytest
 
+from pin_pipelines.recalc import drain
 from pin_pipelines.recalc.drain import STOP_GRACE_SECONDS, drain_tick
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
@@ -199,3 +201,47 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     assert drain_tick(pg_dsn).processed == 1
     assert queue_row(db, project) is None
     assert drift(db) == {}
+
+
+def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tried: right after the first project's claim commits, a raiser's upsert of its queue row
+    (an edit whose transaction stays open for 1.5 s) takes the row, so the work transaction's
+    lock_claimed_request waits past lock_timeout (0.5 s). Found by the queue model
+    (model/recalc_queue.pml, REACH_RELOCK_TIMEOUT): LockNotAvailable escaped the tick and failed
+    the whole drain run. Now that project is deferred with its attempt given back once the edit
+    commits, and the second project of the batch is recalculated in the same tick."""
+    first, _ = _project_with_object(db)
+    second, _ = _project_with_object(db)
+    db.execute(
+        "UPDATE chessboard.project_recalc_requests SET due_at = now() - CASE project_id"
+        " WHEN %s THEN interval '2 seconds' ELSE interval '1 second' END",
+        (first,),
+    )
+    edit = psycopg.connect(pg_dsn)
+    locked = drain.Q.lock_claimed_request
+
+    def edit_in_flight_first(conn: psycopg.Connection, **params: object) -> object:
+        if params["project_id"] == first and not committing.is_alive():
+            edit.execute(
+                "SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
+                " FROM chessboard.projects WHERE id = %s",
+                (first,),
+            )
+            committing.start()
+        return locked(conn, **params)
+
+    committing = threading.Timer(1.5, edit.commit)
+    monkeypatch.setattr(drain.Q, "lock_claimed_request", edit_in_flight_first)
+    try:
+        tick = drain_tick(pg_dsn)
+    finally:
+        if committing.ident is not None:  # started: the edit commits
+            committing.join()
+        edit.close()
+    outcomes = {r.project_id: r.outcome for r in tick.results}
+    assert outcomes == {first: "deferred", second: "recalculated"}, tick.as_dict()
+    row = queue_row(db, first)
+    assert row is not None and row["attempt_count"] == 0, row
+    assert queue_row(db, second) is None
