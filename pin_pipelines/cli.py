@@ -147,19 +147,28 @@ def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
+    """An operator's read: the developer is named on the command line, so the Actor comes from
+    the operator's door (devstats/operator.py), which the read API cannot reach."""
     from pin_pipelines.clickhouse import open_clickhouse
-    from pin_pipelines.devstats.dim import labels
+    from pin_pipelines.devstats.operator import operator_actor
+    from pin_pipelines.devstats.reads import labels
 
     if not args.ids:
         raise PinError("--ids needs at least one UUID")
     with open_clickhouse(settings.clickhouse_url) as ch:
-        _summary(labels(ch, args.developer_id, args.ids, args.project_id))
+        _summary(labels(ch, operator_actor(args.developer_id), args.ids, args.project_id))
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.reconcile import reconcile
 
     _summary(reconcile(settings, repair=args.repair).as_dict())
+
+
+def cmd_api_serve(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.api import serve_api
+
+    serve_api(settings)
 
 
 def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> None:
@@ -288,6 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = sub.add_parser("reconcile", help="drift report (and repair)")
     reconcile.add_argument("--repair", action="store_true")
     reconcile.set_defaults(handler=cmd_reconcile)
+
+    api = sub.add_parser("api", help="the dev-stats read API").add_subparsers(
+        dest="api_command", required=True
+    )
+    api_serve = api.add_parser(
+        "serve",
+        help="serve the read API on PIN_API_ADDR:PIN_API_PORT until SIGTERM/SIGINT (bearer "
+        "tokens of PIN_API_JWKS_URL's keys, PIN_API_ISSUER, PIN_API_AUDIENCE)",
+    )
+    api_serve.set_defaults(handler=cmd_api_serve)
 
     metrics = sub.add_parser("metrics", help="Prometheus exporter").add_subparsers(
         dest="metrics_command", required=True

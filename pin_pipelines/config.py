@@ -15,6 +15,9 @@ DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 DEFAULT_METRICS_PORT = 9108
+#: `pin api serve` (CONTRACT section 7): loopback unless told otherwise, like the exporter.
+DEFAULT_API_ADDR = "127.0.0.1"
+DEFAULT_API_PORT = 8090
 DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
 #: Followed by the database's name: two outboxes publishing to one Kafka cluster (staging and a
 #: benchmark on a shared broker) must not fence each other's relays.
@@ -116,6 +119,15 @@ class Settings:
     #: PIN_CLICKHOUSE_SERVER_URL: the server `pin stack up|status|down --clickhouse-server`
     #: manages when PIN_CLICKHOUSE_URL does not name one (it is chdb, or a cluster's server).
     clickhouse_server_url: str = DEFAULT_CLICKHOUSE_SERVER_URL
+    #: `pin api serve` (CONTRACT section 7): where it listens (PIN_API_ADDR, PIN_API_PORT) and
+    #: whose tokens it accepts: signed by a key of the identity provider's JWKS (PIN_API_JWKS_URL,
+    #: http(s)), issued by PIN_API_ISSUER for PIN_API_AUDIENCE. None: unset; only `pin api serve`
+    #: needs them, and it refuses to start without them.
+    api_addr: str = DEFAULT_API_ADDR
+    api_port: int = DEFAULT_API_PORT
+    api_jwks_url: str | None = None
+    api_issuer: str | None = None
+    api_audience: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -159,6 +171,11 @@ class Settings:
             devstats_max_load_runs=_load_runs(e, clickhouse_url),
             clickhouse_server_url=e.get("PIN_CLICKHOUSE_SERVER_URL")
             or DEFAULT_CLICKHOUSE_SERVER_URL,
+            api_addr=e.get("PIN_API_ADDR") or DEFAULT_API_ADDR,
+            api_port=_port(e, "PIN_API_PORT", DEFAULT_API_PORT),
+            api_jwks_url=_http_url(e, "PIN_API_JWKS_URL"),
+            api_issuer=e.get("PIN_API_ISSUER") or None,
+            api_audience=e.get("PIN_API_AUDIENCE") or None,
         )
 
     @property
@@ -211,6 +228,17 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdecimal() or not 0 < int(raw) < 65536:
         raise PinError(f"{name} must be a port number, got {raw!r}")
     return int(raw)
+
+
+def _http_url(env: Mapping[str, str], name: str) -> str | None:
+    """An http:// or https:// URL with a host, or None when unset."""
+    raw = env.get(name)
+    if not raw:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PinError(f"{name} must be an http:// or https:// URL, got {raw!r}")
+    return raw
 
 
 def _days(env: Mapping[str, str], name: str, default: float) -> float:

@@ -1,38 +1,31 @@
-"""Writes and reads of `pin_dev_stats.dim_layout_group`; the SQL is in
+"""The operator side of `pin_dev_stats.dim_layout_group`: the loader's write and version guard
+(every developer's groups), and reads for a developer the caller names. The SQL is in
 `sql/clickhouse/queries/dim_layout_group.sql`.
 
-Reads on behalf of a developer filter `DeveloperId` = the actor (spec 003, security) and, when
-given, the project (spec 003's read: `WHERE DeveloperId = actor AND ProjectId = … AND
-LayoutGroupId = …`); only the loader's version guard and the reconciliation see every developer.
-Every read takes a group's current row by (UpsertedAt, SourceVersion): the query file says why.
+The developer-scoped online reads are `devstats/reads.py`, which takes an `Actor` (spec 003,
+security: every query filters `DeveloperId` = the actor). This module sees every developer, so
+the read API may not import it (tests/unit/test_layering.py); its `labels` and `groups` are the
+online reads with an Actor from the operator's explicit door (`devstats/operator.py`), for the
+tests and benches that name developers freely. Every read takes a group's current row by
+(UpsertedAt, SourceVersion): the query files say why.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from uuid import UUID
 
 from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
+from pin_pipelines.devstats import reads
 from pin_pipelines.devstats.events import COLUMNS, LayoutGroupUpserted
+from pin_pipelines.devstats.operator import operator_actor
+from pin_pipelines.devstats.reads import LayoutGroup
 
 TABLE = "pin_dev_stats.dim_layout_group"
 QUERIES = named_queries(CLICKHOUSE_SQL_DIR / "queries" / "dim_layout_group.sql")
-
-
-@dataclass(frozen=True)
-class LayoutGroup:
-    """The current row of a group as an actor sees it."""
-
-    layout_group_id: UUID
-    project_id: UUID
-    name: str
-    sort_order: int
-    is_archived: bool
-    source_version: int
 
 
 def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[int, int]:
@@ -63,39 +56,10 @@ def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:
 def labels(
     ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID], project_id: UUID | None = None
 ) -> dict[str, str]:
-    """`{layout_group_id: Name}`; a missing group, one of another developer, or (with
-    `project_id`) one whose current row is in another project is labelled with its own id (the
-    spec's degradation, no error).
-
-    The ids go as a UuidSet, like the guard's: through a Distributed table the entry server
-    otherwise parses 1,000 UUID literals and each shard parses them again (measured on the local
-    18.16 cluster: p50 42 ms with literals, 10 ms as an external table; 12 vs 8 ms on one
-    server)."""
-    wanted = {str(gid): gid for gid in ids}
-    if not wanted:
-        return {}
-    found = {
-        str(gid): str(name)
-        for gid, name in ch.rows(
-            QUERIES["labels"],
-            {
-                "developer_id": developer_id,
-                "ids": UuidSet(list(wanted.values())),
-                "project_id": project_id,
-            },
-        )
-    }
-    return {key: found.get(key, key) for key in wanted}
+    """`reads.labels` for `developer_id`, named by the caller (an operator's read)."""
+    return reads.labels(ch, operator_actor(developer_id), ids, project_id)
 
 
 def groups(ch: ClickHouse, developer_id: UUID, project_id: UUID | None = None) -> list[LayoutGroup]:
-    """The actor's groups in display order (SortOrder), archived ones included; with
-    `project_id`, only the groups whose current row is in that project."""
-    return [
-        LayoutGroup(
-            UUID(str(gid)), UUID(str(pid)), str(name), int(order), bool(archived), int(version)
-        )
-        for gid, pid, name, order, archived, version in ch.rows(
-            QUERIES["groups"], {"developer_id": developer_id, "project_id": project_id}
-        )
-    ]
+    """`reads.groups` for `developer_id`, named by the caller (an operator's read)."""
+    return reads.groups(ch, operator_actor(developer_id), project_id)

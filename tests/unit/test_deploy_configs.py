@@ -11,6 +11,11 @@ hold the configuration to what Dagster itself accepts and to the repository's ow
   taken from the PIN_RECALC_MAX_DRAIN_RUNS that the values give the code server.
 - The code server and the run workers get the contract's settings, and the Dockerfile serves the
   code location that the values, pyproject.toml and workspace.yaml name.
+- The read API's Deployment and Service (deploy/k8s/dev-stats-api.yaml, issue 25): every key
+  checked against the Kubernetes API models of the `kubernetes` client (a misspelt key fails),
+  `pin api serve` in the code server's image on the port its Service and probes name, and the
+  settings the pod gets valid for the API: a ClickHouse server, the identity provider, all
+  interfaces of the pod.
 
 No service is needed: everything is read from files and Dagster's schemas.
 """
@@ -53,6 +58,7 @@ INSTANCE = K8S_DIR / "dagster.yaml"
 ENV_MANIFEST = K8S_DIR / "pin-env.example.yaml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+API_MANIFEST = K8S_DIR / "dev-stats-api.yaml"
 
 #: The namespace the values' install command uses (`helm upgrade --install pin ... -n pin`): the
 #: chart fills the run launcher's job namespace from it.
@@ -453,3 +459,137 @@ def test_the_chart_and_the_images_move_with_the_dagster_pin() -> None:
     assert re.findall(r"--version (\S+)", values_text) == [pins["dagster"]]
     for part in ("dagsterWebserver", "dagsterDaemon"):
         assert values[part]["image"]["tag"] == pins["dagster"]
+
+
+# --- the read API (issue 25) ------------------------------------------------------------------
+
+#: The Kubernetes client's model of each kind the API's manifest holds.
+API_KINDS = {"ConfigMap": "V1ConfigMap", "Deployment": "V1Deployment", "Service": "V1Service"}
+_PRIMITIVES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "float": (int, float),
+    "object": (object,),  # IntOrString and free-form fields
+}
+
+
+def k8s_model(model: str, data: Any, where: str = "") -> Any:
+    """`data` (a manifest's mapping, camelCase keys) as the `kubernetes` client's model named
+    `model` (its OpenAPI type name: `V1Deployment`, `list[V1Container]`, `dict[str, str]`),
+    recursively: a key the model does not have, a value of the wrong type, or a required field
+    missing (the client's own validation) raises, naming where."""
+    import kubernetes.client as k8s
+
+    if model.startswith("list["):
+        assert isinstance(data, list), f"{where}: a list expected"
+        return [k8s_model(model[5:-1], item, f"{where}[{n}]") for n, item in enumerate(data)]
+    if model.startswith(("dict(", "dict[")):
+        assert isinstance(data, dict), f"{where}: a mapping expected"
+        value_model = model[model.index(",") + 1 : -1].strip()
+        return {key: k8s_model(value_model, value, f"{where}.{key}") for key, value in data.items()}
+    if model in _PRIMITIVES:
+        wrong_int = model == "int" and isinstance(data, bool)
+        assert isinstance(data, _PRIMITIVES[model]) and not wrong_int, f"{where}: {model}"
+        return data
+    klass = getattr(k8s, model)
+    assert isinstance(data, dict), f"{where}: a mapping expected for {model}"
+    by_key = {key: attr for attr, key in klass.attribute_map.items()}
+    unknown = sorted(set(data) - set(by_key))
+    assert not unknown, f"{where}: {model} has no {unknown}"
+    return klass(
+        **{
+            by_key[key]: k8s_model(klass.openapi_types[by_key[key]], value, f"{where}.{key}")
+            for key, value in data.items()
+        }
+    )
+
+
+def api_manifests() -> dict[str, Config]:
+    """The API's manifest by kind (one object of each)."""
+    found: dict[str, Config] = {}
+    for doc in yaml.safe_load_all(API_MANIFEST.read_text()):
+        assert doc["kind"] not in found, doc["kind"]
+        found[doc["kind"]] = doc
+    return found
+
+
+def test_the_api_manifests_are_kubernetes_objects() -> None:
+    """Each object of deploy/k8s/dev-stats-api.yaml builds as the Kubernetes client's model of
+    its kind, every key known; a misspelt key in a copy fails, naming it."""
+    manifests = api_manifests()
+    assert set(manifests) == set(API_KINDS)
+    for kind, doc in manifests.items():
+        k8s_model(API_KINDS[kind], doc, kind)
+
+    broken = api_manifests()["Deployment"]
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(AssertionError, match="readinesProbe"):
+        k8s_model("V1Deployment", broken, "Deployment")
+    broken = api_manifests()["Service"]
+    broken["spec"]["ports"][0]["port"] = "8090"
+    with pytest.raises(AssertionError, match="port"):
+        k8s_model("V1Service", broken, "Service")
+
+
+def test_the_api_pods_serve_the_contract_on_their_service() -> None:
+    """`pin api serve` (a command the CLI has) in the code server's image, non-root as the
+    image's user; the Service's selector picks the pods and its target port is the container's,
+    on which the API listens (all interfaces) and the probes ask (/healthz for readiness, the
+    ClickHouse-free /openapi.json for liveness) and Prometheus scrapes /metrics; a stop gets
+    more time than the API's graceful stop; the settings the pod is given are valid for the API
+    against a ClickHouse server."""
+    from pin_pipelines.api.server import GRACEFUL_SECONDS
+    from pin_pipelines.cli import build_parser
+
+    manifests = api_manifests()
+    deployment, service, api_config = (
+        manifests[kind] for kind in ("Deployment", "Service", "ConfigMap")
+    )
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    (port,) = container["ports"]
+    (service_port,) = service["spec"]["ports"]
+    server = code_server(load_yaml(VALUES))
+    env = {item["name"]: item["value"] for item in container["env"]}
+
+    assert container["command"] == ["pin", "api", "serve"]
+    assert build_parser().parse_args(container["command"][1:]).handler.__name__ == "cmd_api_serve"
+    assert container["image"] == f"{server['image']['repository']}:{server['image']['tag']}"
+    dockerfile_user = [args for word, args in dockerfile_instructions() if word == "USER"][-1]
+    assert pod["spec"]["securityContext"]["runAsUser"] == int(dockerfile_user)
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+    labels = pod["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service_port["targetPort"] in (port["name"], port["containerPort"])
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/openapi.json", "port": port["name"]}
+    scrape = pod["metadata"]["annotations"]
+    assert (scrape["prometheus.io/port"], scrape["prometheus.io/path"]) == (
+        str(port["containerPort"]),
+        "/metrics",
+    )
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > (
+        GRACEFUL_SECONDS
+    )
+
+    env_manifests = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for doc in [*yaml.safe_load_all(ENV_MANIFEST.read_text()), api_config]
+    }
+    given: Config = {}
+    for source in container["envFrom"]:
+        if "configMapRef" in source:
+            given |= env_manifests[("ConfigMap", source["configMapRef"]["name"])]["data"]
+        else:
+            given |= env_manifests[("Secret", source["secretRef"]["name"])]["stringData"]
+    assert names(server["envConfigMaps"])[0] in {
+        s["configMapRef"]["name"] for s in container["envFrom"] if "configMapRef" in s
+    }
+    settings = Settings.from_env({**given, **env})
+    assert isinstance(parse_clickhouse_url(settings.clickhouse_url), ServerAddress)
+    assert (settings.api_addr, settings.api_port) == ("0.0.0.0", port["containerPort"])
+    assert settings.api_jwks_url and settings.api_jwks_url.startswith("https://")
+    assert settings.api_issuer and settings.api_audience

@@ -2,7 +2,12 @@
 - no import cycle among pin_pipelines modules (module-level imports: what runs at import time);
 - Dagster is imported only by the Dagster wiring and the few core modules that drive a Dagster
   instance themselves (DAGSTER_MODULES): the core stays callable from `pin` without it;
-- no module imports a private name (`_x`) of another domain.
+- no module imports a private name (`_x`) of another domain;
+- the read API (`pin_pipelines.api`) cannot reach the operator side of the dimension: no import
+  of it, direct or through other modules, at module level or inside a function, leads to the
+  loader's version guard and write (`devstats.dim`), the operator's Actor (`devstats.operator`),
+  the loader, the reconciliation or the CLI; of devstats it reaches the Actor and the scoped
+  reads only (issue 25).
 """
 
 from __future__ import annotations
@@ -119,18 +124,31 @@ def _ancestors(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """importer → the package modules its module-level imports run. Importing a.b.c also runs
-    the packages a.b and a, except those the importer is inside (already being imported)."""
+def import_graph(*, function_level: bool = False) -> dict[str, set[str]]:
+    """importer → the package modules its module-level imports run (with `function_level`, its
+    imports inside functions too). Importing a.b.c also runs the packages a.b and a, except
+    those the importer is inside (already being imported)."""
     graph: dict[str, set[str]] = {name: set() for name in MODULES}
     for imp in ALL_IMPORTS:
-        if not imp.module_level or imp.module not in MODULES:
+        if not (imp.module_level or function_level) or imp.module not in MODULES:
             continue
         own = set(_ancestors(imp.importer))
         graph[imp.importer] |= {
             m for m in [*_ancestors(imp.module), imp.module] if m in MODULES and m not in own
         } - {imp.importer}
     return graph
+
+
+def reachable(start: list[str]) -> set[str]:
+    """Every package module that importing `start` may run, function-level imports included
+    (a function that imports the operator's door reaches it when called), `start` excluded."""
+    graph = import_graph(function_level=True)
+    seen, todo = set(start), list(start)
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen - set(start)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -242,3 +260,42 @@ def test_no_module_imports_another_domains_private_names() -> None:
         )
     ]
     assert violations == []
+
+
+#: The read API's package, and what it must never reach: the dimension's operator side (reads and
+#: writes across every developer, the operator's Actor) and everything that uses it.
+API_PACKAGE = f"{PACKAGE}.api"
+OPERATOR_SIDE = (
+    f"{PACKAGE}.devstats.dim",
+    f"{PACKAGE}.devstats.operator",
+    f"{PACKAGE}.devstats.loader",
+    f"{PACKAGE}.reconcile",
+    f"{PACKAGE}.cli",
+    f"{PACKAGE}.defs",
+    f"{PACKAGE}.definitions",
+)
+#: All the API may use of devstats: the Actor and the reads that take one.
+API_DEVSTATS = {f"{PACKAGE}.devstats", f"{PACKAGE}.devstats.actor", f"{PACKAGE}.devstats.reads"}
+
+
+def api_modules() -> list[str]:
+    return [m for m in MODULES if m == API_PACKAGE or m.startswith(f"{API_PACKAGE}.")]
+
+
+def test_reachable_follows_imports_inside_functions() -> None:
+    """The walk the API's check relies on: the CLI imports the operator's door inside its
+    handler only, and that counts."""
+    assert f"{PACKAGE}.devstats.operator" in reachable([f"{PACKAGE}.cli"])
+    assert f"{PACKAGE}.devstats.reads" in reachable(["pin_pipelines.devstats.dim"])
+
+
+def test_the_api_cannot_reach_the_operator_side_of_the_dimension() -> None:
+    """Tried: every module of pin_pipelines/api and all it may import, transitively. The
+    operator reads (`stored_versions`, the reconciliation's `current_rows`), the loader's write
+    and `operator_actor` are out of its reach; devstats gives it the Actor and the scoped reads."""
+    found = reachable(api_modules())
+    assert len(api_modules()) >= 5, api_modules()
+    leaks = sorted(m for m in found if any(m == o or m.startswith(f"{o}.") for o in OPERATOR_SIDE))
+    assert leaks == []
+    devstats = {m for m in found if m.startswith(f"{PACKAGE}.devstats")}
+    assert devstats <= API_DEVSTATS, sorted(devstats - API_DEVSTATS)

@@ -1,7 +1,7 @@
 """Every job, schedule, sensor, asset, asset check, metric and alert that docs/runbook.md names
 exists under that name (issue 13: the runbook sent on-call to a schedule that Dagster calls
 otherwise). Nothing here needs a service: the names come from `pin_pipelines.definitions.defs`,
-the exporter's describe() and ops/prometheus/alerts.yml.
+the exporter's describe(), the read API's own metrics and ops/prometheus/alerts.yml.
 
 A name is an inline code span (`…`) outside fenced blocks whose whole text is one identifier; its
 kind comes from
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from pin_pipelines.api.observe import ApiMetrics
 from pin_pipelines.config import Settings
 from pin_pipelines.metrics.collector import PinCollector, sources
 from tests.unit.test_ops_configs import alert_rules, served_samples
@@ -139,6 +140,7 @@ def existing() -> dict[str, frozenset[str]]:
     repository = defs.get_repository_def()
     asset_graph = repository.asset_graph
     families = {f.name for f in PinCollector(sources(Settings.from_env({}))).describe()}
+    families |= api_metric_names()
     readme = README.read_text()
     settings_section = readme.split("\n## Settings", 1)[1].split("\n## ", 1)[0]
     return {
@@ -153,6 +155,15 @@ def existing() -> dict[str, frozenset[str]]:
             | {name for name in _SPAN.findall(settings_section) if _UPPER.fullmatch(name)}
         ),
     }
+
+
+def api_metric_names() -> set[str]:
+    """The families and samples the read API serves at its own /metrics (one request counted,
+    so that the labelled ones have samples)."""
+    metrics = ApiMetrics()
+    metrics.observe(200, "labels", 0.001)
+    families = list(metrics.registry.collect())
+    return {f.name for f in families} | {s.name for f in families for s in f.samples}
 
 
 def project_namespaces() -> Namespaces:

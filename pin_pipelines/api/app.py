@@ -1,0 +1,283 @@
+"""The dev-stats read API (CONTRACT section 7) as an ASGI app: its routes, answers and errors.
+
+Each read authenticates first (a request without a valid token learns nothing, not even whether
+its parameters were right), then parses its parameters (`params.py`), then reads the dimension
+for the token's Actor (`devstats/reads.py`). Its blocking work — the signature check, a JWKS
+refresh on an unknown kid, the ClickHouse round trip — runs in one hop to the worker threads,
+never on the event loop.
+
+Every answer that is not a 200 is `{"error": "<one line>"}`: 400 for parameters (FastAPI's own
+422 included, had it anything to validate), 401 with `WWW-Authenticate: Bearer`, 403, 404/405
+for paths and methods the API does not have, 503 when the dimension cannot be read. Nothing a
+client sends leads to a 5xx; an unexpected failure is a 500 with a fixed message, its cause in
+the request's log line only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import FastAPI, Request, Security
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pin_pipelines.api.auth import AuthError, TokenVerifier
+from pin_pipelines.api.observe import ApiMetrics, RequestLog
+from pin_pipelines.api.params import (
+    IDS_PARAMETER,
+    MAX_QUERY_BYTES,
+    BadRequest,
+    ids_parameter,
+    only_known,
+    project_id_parameter,
+    project_parameter,
+)
+from pin_pipelines.api.pool import ClickHousePool
+from pin_pipelines.clickhouse import ClickHouse
+from pin_pipelines.devstats import reads
+from pin_pipelines.devstats.actor import Actor
+from pin_pipelines.errors import PinError, first_line
+
+log = logging.getLogger("pin_pipelines.api")
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+class LabelsBody(BaseModel):
+    labels: dict[str, str]
+
+
+class GroupBody(BaseModel):
+    id: UUID
+    projectId: UUID
+    name: str
+    sortOrder: int
+    isArchived: bool
+
+
+class GroupsBody(BaseModel):
+    groups: list[GroupBody]
+
+
+class HealthBody(BaseModel):
+    status: str
+
+
+class Unavailable(Exception):
+    """The dimension cannot be read now: 503."""
+
+
+#: The security scheme in the OpenAPI document; the header itself is read by TokenVerifier.
+_BEARER = HTTPBearer(
+    auto_error=False,
+    bearerFormat="JWT",
+    description="A JWT of the identity provider (RS256 or ES256): roles ∋ developer, "
+    "permissions ∋ dev-stats.view, developer_id = the developer whose groups are read.",
+)
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+
+_MESSAGES = {404: "no such path", 405: "method not allowed"}
+_UNAVAILABLE = "the dimension cannot be read right now"
+
+
+def _error(description: str, **extra: Any) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description, **extra}
+
+
+_READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error(
+        "Bad parameters: not a UUID, no ids, more than 1,000 ids, a parameter given twice or "
+        "one the request does not take, a query string over 48 KB."
+    ),
+    401: _error(
+        "No token, or a malformed, expired, not yet valid or wrongly signed one.",
+        headers={"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}},
+    ),
+    403: _error("A valid token without the role `developer` or the permission `dev-stats.view`."),
+    503: _error("The dimension cannot be read right now."),
+}
+
+
+def create_app(
+    pool: ClickHousePool, verifier: TokenVerifier, metrics: ApiMetrics | None = None
+) -> FastAPI:
+    """The API over `pool`'s dimension for the tokens `verifier` accepts; `metrics` (its own
+    registry by default) counts the requests and is served at /metrics."""
+    metrics = metrics or ApiMetrics()
+    reader = _Reader(pool, verifier)
+    app = FastAPI(
+        title="pin-pipelines dev-stats read API",
+        version="1",
+        description="Layout-group labels and groups of dim_layout_group for the token's "
+        'developer (spec 003). Every error is `{"error": "<one line>"}`.',
+        docs_url=None,
+        redoc_url=None,
+        redirect_slashes=False,
+    )
+    app.add_middleware(RequestLog, metrics=metrics)
+    _answer_errors_in_one_line(app)
+
+    @app.get(
+        "/v1/layout-groups/labels",
+        response_model=LabelsBody,
+        responses=_READ_ERRORS,
+        openapi_extra={"parameters": [IDS_PARAMETER, project_id_parameter(required=False)]},
+        operation_id="layoutGroupLabels",
+        summary="Labels of layout groups: the Name, or the id when the group is not the "
+        "developer's (or, with projectId, not that project's) or has no row yet.",
+    )
+    async def layout_group_labels(request: Request, _: Bearer) -> Any:
+        return await run_in_threadpool(reader.labels, request)
+
+    @app.get(
+        "/v1/layout-groups",
+        response_model=GroupsBody,
+        responses=_READ_ERRORS,
+        openapi_extra={"parameters": [project_id_parameter(required=True)]},
+        operation_id="layoutGroups",
+        summary="The developer's groups of a project in display order (SortOrder, then id), "
+        "archived ones included.",
+    )
+    async def layout_groups(request: Request, _: Bearer) -> Any:
+        return await run_in_threadpool(reader.groups, request)
+
+    @app.get(
+        "/healthz",
+        response_model=HealthBody,
+        responses={503: _error("The dimension cannot be read.")},
+        operation_id="health",
+        summary="200 once the service can read the dimension (no token needed).",
+    )
+    async def healthz() -> Any:
+        await run_in_threadpool(reader.check)
+        return HealthBody(status="ok")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+class _Reader:
+    """The blocking side of the routes: verify, parse, read."""
+
+    def __init__(self, pool: ClickHousePool, verifier: TokenVerifier) -> None:
+        self.pool = pool
+        self.verifier = verifier
+
+    def labels(self, request: Request) -> JSONResponse:
+        actor = self._actor(request)
+        query = _query(request, ("ids", "projectId"))
+        ids = ids_parameter(query.getlist("ids"))
+        project_id = project_parameter(query.getlist("projectId"), required=False)
+        request.state.ids = len(ids)
+        with self._dimension() as ch:
+            found = reads.labels(ch, actor, ids, project_id)
+        # Encoded here: the body is a plain dict of strings, LabelsBody only documents it.
+        return JSONResponse({"labels": found})
+
+    def groups(self, request: Request) -> GroupsBody:
+        actor = self._actor(request)
+        query = _query(request, ("projectId",))
+        project_id = project_parameter(query.getlist("projectId"), required=True)
+        with self._dimension() as ch:
+            found = reads.groups(ch, actor, project_id)
+        return GroupsBody(
+            groups=[
+                GroupBody(
+                    id=group.layout_group_id,
+                    projectId=group.project_id,
+                    name=group.name,
+                    sortOrder=group.sort_order,
+                    isArchived=group.is_archived,
+                )
+                for group in found
+            ]
+        )
+
+    def check(self) -> None:
+        with self._dimension() as ch:
+            reads.readable(ch)
+
+    def _actor(self, request: Request) -> Actor:
+        actor = self.verifier.actor(request.headers.get("authorization"))
+        request.state.actor = actor
+        return actor
+
+    @contextmanager
+    def _dimension(self) -> Iterator[ClickHouse]:
+        try:
+            with self.pool.client() as ch:
+                yield ch
+        except PinError as exc:  # ClickHouse unreachable, busy, or refusing the read
+            raise Unavailable(first_line(exc)) from None
+
+
+def _query(request: Request, known: tuple[str, ...]) -> QueryParams:
+    if len(request.scope["query_string"]) > MAX_QUERY_BYTES:
+        raise BadRequest(f"the query string is longer than {MAX_QUERY_BYTES:,} bytes")
+    query = request.query_params
+    only_known(query.keys(), known)
+    return query
+
+
+def _answer_errors_in_one_line(app: FastAPI) -> None:
+    def answer(
+        request: Request,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        logged: str | None = None,
+    ) -> JSONResponse:
+        """The client gets `message`; the request's log line `logged` (the cause) or it."""
+        request.state.error = logged or message
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    async def on_auth(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AuthError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return answer(request, exc.status, str(exc), headers)
+
+    async def on_bad_request(request: Request, exc: Exception) -> JSONResponse:
+        return answer(request, 400, str(exc))
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = exc.errors()
+        first = problems[0] if problems else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        what = first_line(Exception(str(first.get("msg", "")))) if first else "bad request"
+        return answer(request, 400, f"{where}: {what}" if where else what)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        message = _MESSAGES.get(exc.status_code) or first_line(Exception(str(exc.detail)))
+        return answer(request, exc.status_code, message, dict(exc.headers or {}) or None)
+
+    async def on_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return answer(request, 503, _UNAVAILABLE, logged=f"{_UNAVAILABLE}: {exc}")
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """The last resort: a fixed message (RequestLog logs the cause; Starlette re-raises the
+        exception afterwards, to the server's log)."""
+        return answer(request, 500, "internal error")
+
+    app.add_exception_handler(AuthError, on_auth)
+    app.add_exception_handler(BadRequest, on_bad_request)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Unavailable, on_unavailable)
+    app.add_exception_handler(Exception, on_unexpected)
