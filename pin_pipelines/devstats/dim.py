@@ -20,6 +20,7 @@ from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
 from pin_pipelines.devstats import reads
+from pin_pipelines.devstats.actor import Actor
 from pin_pipelines.devstats.events import COLUMNS, LayoutGroupUpserted
 from pin_pipelines.devstats.operator import operator_actor
 from pin_pipelines.devstats.reads import LayoutGroup
@@ -57,9 +58,14 @@ def labels(
     ch: ClickHouse, developer_id: UUID, ids: Iterable[UUID], project_id: UUID | None = None
 ) -> dict[str, str]:
     """`reads.labels` for `developer_id`, named by the caller (an operator's read)."""
-    return reads.labels(ch, operator_actor(developer_id), ids, project_id)
+    return reads.labels(ch, _operator(developer_id), ids, project_id)
 
 
 def groups(ch: ClickHouse, developer_id: UUID, project_id: UUID | None = None) -> list[LayoutGroup]:
     """`reads.groups` for `developer_id`, named by the caller (an operator's read)."""
-    return reads.groups(ch, operator_actor(developer_id), project_id)
+    return reads.groups(ch, _operator(developer_id), project_id)
+
+
+def _operator(developer_id: UUID | str) -> Actor:
+    """These reads took any UUID-like developer id (scripts pass the text of one)."""
+    return operator_actor(UUID(str(developer_id)))
