@@ -48,13 +48,12 @@ def relay_sessions(conn: psycopg.Connection) -> int:
 
 
 #: How an operator's tools stop `pin serve` (issue 24): Ctrl-C in the terminal of `bin/up` (SIGINT
-#: to the whole foreground process group), `kill -TERM -<pgid>` (SIGTERM to that group), a plain
-#: `kill` of its pid (systemd with the unit's KillMode=mixed, deploy/systemd), and Kubernetes
-#: (SIGTERM to the container's main process, SIGKILL to everything left after the 30 s grace).
+#: to the whole foreground process group), `kill -TERM -<pgid>` (SIGTERM to that group), and a
+#: SIGTERM to its pid followed by SIGKILL to everything left after a 30 s grace: Kubernetes' stop,
+#: and a plain `kill <pid>` or systemd's with KillMode=mixed up to their SIGKILL.
 STOPS = {
     "ctrl-c": (signal.SIGINT, "group"),
     "kill-group": (signal.SIGTERM, "group"),
-    "kill": (signal.SIGTERM, "pid"),
     "kubernetes": (signal.SIGTERM, "pid-then-sigkill-at-30s"),
 }
 #: Nothing of the instance may be alive this long after the stop signal (Kubernetes' default
