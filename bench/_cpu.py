@@ -42,6 +42,13 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[19])
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` so far (its whole life), or None once it is gone (or not on this
+    machine). Read just before a connection closes, it is all its PostgreSQL backend used."""
+    found = _stat(pid)
+    return found[1] if found else None
+
+
 def _cmdline(pid: int) -> str:
     try:
         return (

@@ -12,17 +12,21 @@
  *            UPDATE layouts | property_objects, then its AFTER STATEMENT trigger
  *            request_project_recalc: INSERT ... ON CONFLICT DO UPDATE (waits for a held row)
  *            COMMIT
- *   drain    claim_due_request + COMMIT (its own transaction: attempt_count + 1, attempted_at)
+ *   drain    settle_abandoned_claims (a tick's first statement, autocommit: a claim unlocked
+ *              past retry_interval is a dead drain's: attempt_count + 1, claimed_at NULL)
+ *            claim_due_request + COMMIT (its own transaction: claimed_at, attempted_at)
  *            lock_claimed_request FOR UPDATE (waits, under lock_timeout)
- *              NULL -> "deferred", COMMIT (the claim is not given back)
+ *              NULL -> "deferred", COMMIT (the claim was settled as abandoned)
  *              lock_timeout -> ROLLBACK, then release_claim in autocommit (_give_back)
  *            SAVEPOINT; lock_project FOR NO KEY UPDATE (waits, under lock_timeout)
  *              LockNotAvailable -> ROLLBACK TO SAVEPOINT; release_claim; COMMIT ("deferred")
  *            recalc_buildings, recalc_layouts, recalc_layout_groups, recalc_project (the read)
  *            delete_request; COMMIT                                       ("recalculated")
- *            or a failing statement: ROLLBACK TO SAVEPOINT; record_failure; COMMIT ("failed")
+ *            or a failing statement: ROLLBACK TO SAVEPOINT; record_failure (attempt_count + 1,
+ *              claimed_at NULL); COMMIT                                          ("failed")
  *            or a stop: ROLLBACK; release_claim in autocommit             ("interrupted")
- *            or death anywhere after the claim: ROLLBACK by the server, the claim stays counted
+ *            or death anywhere after the claim: ROLLBACK by the server, the claim stays
+ *              (claimed_at) until a tick's settle_abandoned_claims counts it
  *
  * Abstraction.
  *  - Time is a byte of discrete ticks (`now`). The clock ticks only while a comparison with it
@@ -32,10 +36,10 @@
  *  - chessboard.recalc_settings are small constants: DEBOUNCE (30 s) = 2, CAP (starvation_cap,
  *    5 min) = 3, RETRY (retry_interval, 5 s) = 1 tick; POISON (poison_attempts) = 5, the real
  *    value. DEBOUNCE <= CAP, as the defaults are.
- *  - attempted_at is the claim's now. As in the SQL it is the retry clock and the claim's
- *    identity at once (lock_claimed_request and release_claim match on it); with RETRY >= 1 two
- *    running claims of one row never carry the same stamp (asserted where a re-lock matches),
- *    which PostgreSQL's microsecond timestamps give in practice.
+ *  - claimed_at and attempted_at are the claim's now. attempted_at is the retry clock; claimed_at
+ *    marks the attempt in progress and is the claim's identity (lock_claimed_request and
+ *    release_claim match on it); with RETRY >= 1 two claims of one row never carry the same
+ *    stamp (asserted where a re-lock matches), which PostgreSQL's microsecond timestamps give.
  *  - Row locks are owner variables: qlock (the queue row: the claim's FOR UPDATE, held only
  *    within its atomic step; lock_claimed_request's FOR UPDATE; the upsert, which also holds a
  *    row it INSERTed until its COMMIT) and hlock (the project's projects/buildings/layouts/
@@ -58,8 +62,8 @@
  *    most MAX_DEATHS = 1 times in all and are stopped (SIGTERM, a run's budget: QueryCanceled,
  *    the attempt is given back) at most MAX_STOPS = 1 times; a recalc statement fails any
  *    number of times; the clock ticks while a claim runs (a drain stalled past the retry
- *    interval, which lets another drain claim the row again) at most MAX_STALLS = 1 times. A
- *    dead drain comes back as a new session.
+ *    interval, which lets another drain settle its claim as abandoned) at most MAX_STALLS = 1
+ *    times. A dead drain comes back as a new session.
  *  - A drain with nothing ready waits until a row is ready instead of polling (a poll that finds
  *    nothing changes nothing). With the waiters' priority above, no run can cycle without
  *    progress, so no fairness assumption is needed: `pan -a` without -f checks the LTL formula
@@ -94,37 +98,42 @@
  *     <>[] (all writers done && (fresh == committed || poisoned)), on every run.
  *  2. mutual exclusion: at most one drain between lock_claimed_request and its COMMIT.
  *  3. cap: due_at <= first_requested_at + CAP after every upsert (nothing else writes due_at).
- *  4. poison after exactly POISON failed attempts: attempt_count == failures + running claims
- *     of this row (failures: attempts that ended counted, i.e. record_failure, a drain dead
- *     after its claim, a claim superseded by another drain's), and never above POISON; so a
- *     row is poisoned (attempt_count >= POISON, no attempt running) exactly when POISON
+ *  4. poison after exactly POISON failed attempts: attempt_count (failed runs, spec 000) ==
+ *     failures - abandoned + settled (failures: attempts that ended without a verdict given
+ *     back, i.e. record_failure, a drain dead after its claim, a claim settled while its drain
+ *     was stalled; abandoned: dead drains' claims not settled yet; settled: stalled drains'
+ *     claims settled before their drain noticed), never above POISON; so a row is poisoned
+ *     (attempt_count >= POISON, no claim outstanding, no attempt running) exactly when POISON
  *     attempts failed; a claim asserts fewer than POISON failures (never claimed after).
  *
  * Deliberately broken variants (spin must report an error for each):
  *  -DBUG_NO_RELOCK         the work transaction reads the claimed row without FOR UPDATE: a
  *                          request arriving during the recalc is no longer held off, and
  *                          delete_request (unconditional: the lock is what makes it safe)
- *                          deletes it (1, with -DND=1); a second drain claims the row once
- *                          RETRY has passed and works at the same time (2);
+ *                          deletes it (1, with -DND=1); once RETRY has passed a second drain
+ *                          settles the live claim as abandoned (the attempt counted twice: 4)
+ *                          and claims the row, working at the same time (2);
  *  -DBUG_NO_CAP            request_project_recalc's update without least(.., first + cap) (3);
  *  -DBUG_CLAIM_NO_LOCK     claim_due_request's CTE without FOR UPDATE SKIP LOCKED: two drains
  *                          both pick the row, and the second UPDATE (it re-checks only
- *                          project_id) counts an attempt past the poison threshold (4);
- *  -DBUG_RELEASE_UNGUARDED release_claim matching project_id only: a superseded claim that is
- *                          given back gives back another drain's attempt (4);
- *  -DBUG_LEASE_NO_EXPIRY   the claim as a lease without expiry (only a row never attempted,
- *                          given back or failed is ready): a drain dying after its claim parks
- *                          the row for ever, unpoisoned (1: the final state, and the LTL run
- *                          with -A, which ignores assertions, finds the acceptance cycle).
+ *                          project_id) overwrites the first claim, whose failed attempt is then
+ *                          never counted (4);
+ *  -DBUG_RELEASE_UNGUARDED release_claim matching project_id only: a stalled drain whose claim
+ *                          was settled gives back another drain's claim, whose attempt is then
+ *                          never counted (4);
+ *  -DBUG_LEASE_NO_EXPIRY   the claim as a lease without expiry (settle_abandoned_claims left
+ *                          out): a drain dying after its claim parks the row for ever,
+ *                          unpoisoned (1: the final state, and the LTL run with -A, which
+ *                          ignores assertions, finds the acceptance cycle).
  * Reachability probes (-DREACH_<name>: spin must report the probe's assertion, so the checks
  * above are not vacuous): POISON, INSERT_AFTER_WAIT (a request that waited for a recalc
  * inserts a new row), DEFER, SUPERSEDED, RELOCK_TIMEOUT (lock_claimed_request times out on a
  * row a writer upserted after the claim: _process_next gives the claim back and re-raises, so
  * the tick and its Dagster run fail), DEATH, STOP, FAILURE, and
- * POISON_VIEW_EARLY: chessboard.poisoned_recalc_requests() (FOR KEY SHARE SKIP LOCKED skips
- * only a drain's FOR UPDATE) lists a row whose fifth attempt is still running, between its
- * claim and lock_claimed_request (or while that waits for a writer, or before release_claim):
- * chessboard_recalc_poisoned_requests can count a row that then recalculates fine.
+ * POISON_VIEW_EARLY: chessboard.poisoned_recalc_requests() lists a row counted poison while the
+ * drain of its fifth attempt still runs: only once that drain stalled past retry_interval
+ * between its claim and its lock, so that another drain settled the claim (the stalled drain
+ * then defers); attempt_count no longer counts an attempt before it has failed (issue 26).
  *
  * Run (tests/model/test_recalc_queue_model.py runs these, and the variants, in a tmp dir):
  *   spin -a model/recalc_queue.pml
@@ -176,8 +185,9 @@ bool row;               /* a version of the row exists */
 bool row_new;           /* ... and it is an INSERT not yet committed */
 byte due_at;
 byte first_at;          /* first_requested_at */
-byte attempts;          /* attempt_count */
+byte attempts;          /* attempt_count: failed runs */
 byte attempted_at = NONE;
+byte claimed_at = NONE; /* the attempt in progress (NONE: none) */
 
 byte qlock;             /* holder of the queue row's lock (0: none) */
 byte qwaiters;          /* transactions queued for it (their tuple lock makes SKIP LOCKED skip) */
@@ -187,8 +197,13 @@ byte now;
 /* ghosts: the model's bookkeeping, read by no SQL step (live and stalls bound the clock) */
 byte committed;         /* committed source writes */
 byte fresh;             /* committed writes seen by the last successful recalc */
-byte failures;          /* attempts of this row incarnation that ended counted */
+byte failures;          /* attempts of this row incarnation that ended without a verdict given
+                           back: failed, dead, or settled while their drain was stalled */
 byte live;              /* claims of this row incarnation still running */
+byte owner;             /* the drain whose claim claimed_at is (0: its drain died) */
+byte abandoned;         /* dead drains' claims not settled yet */
+byte settled;           /* stalled drains' claims settled before their drain noticed */
+byte settled_of;        /* ... the drain whose claim it is */
 byte inc;               /* row incarnation (inserts so far) */
 byte in_work;           /* drains inside a work transaction holding the claimed row */
 byte deaths;
@@ -206,16 +221,17 @@ byte probe_hit;
 #define R_FAILURE 64
 
 #define POISONED (row && attempts >= POISON)
+/* no claim outstanding, none running: every attempt of the row has its verdict */
+#define QUIET (live == 0 && claimed_at == NONE)
 #define ALL_DONE (wdone == NW)
 
 /* a probe marks only its own step: no other bit enters the state vector */
 #if defined(REACH_POISON)
-#define PROBE (POISONED && live == 0)
+#define PROBE (POISONED && QUIET)
 #elif defined(REACH_POISON_VIEW_EARLY)
-/* chessboard.poisoned_recalc_requests() (migration 0006: attempt_count >= poison_attempts,
-   FOR KEY SHARE SKIP LOCKED, which skips only a drain's FOR UPDATE) lists the row while its
-   last attempt is still running, so not yet failed */
-#define PROBE (row && !row_new && attempts >= POISON && qlock <= NW && failures < POISON)
+/* chessboard.poisoned_recalc_requests() (migration 0012: attempt_count >= poison_attempts)
+   lists the row while the drain of its last attempt still runs, its failure not yet known */
+#define PROBE (row && !row_new && attempts >= POISON && failures < POISON)
 #elif defined(REACH_INSERT_AFTER_WAIT)
 #define PROBE_BIT R_INSERT_AFTER_WAIT
 #elif defined(REACH_DEFER)
@@ -250,12 +266,22 @@ byte probe_hit;
 #else
 #define RETRY_GATE (attempted_at == NONE || attempted_at + RETRY <= now)
 #endif
-#define READY (row && !row_new && due_at <= now && attempts < POISON && RETRY_GATE)
+#define READY (row && !row_new && due_at <= now && attempts < POISON && claimed_at == NONE && \
+               RETRY_GATE)
+/* settle_abandoned_claims' CTE: a claim unlocked (FOR UPDATE SKIP LOCKED: not locked, nobody
+   queued for it) past retry_interval */
+#ifdef BUG_LEASE_NO_EXPIRY
+#define ABANDONED false
+#else
+#define ABANDONED (row && !row_new && claimed_at != NONE && claimed_at + RETRY <= now && \
+                   qlock == 0 && qwaiters == 0)
+#endif
 
 /* time matters while a writer may still begin, or the row waits for due_at or its retry */
 #define TIME_MATTERS ((wdone < NW && now <= WEND) || \
     (row && attempts < POISON && \
-     (now < due_at || (attempted_at != NONE && now < attempted_at + RETRY))))
+     (now < due_at || (attempted_at != NONE && now < attempted_at + RETRY))) || \
+    (row && claimed_at != NONE && now < claimed_at + RETRY))
 
 /* a statement of the work transaction may write the row: it holds the row (or, without the
  * re-lock of the bug variant, takes it for that statement and the commit) */
@@ -269,52 +295,77 @@ byte probe_hit;
 /* lock_claimed_request and release_claim (WHERE project_id = .. AND attempted_at = ..) wait
  * only for a row whose version they see matches: one that does not, or an uncommitted INSERT,
  * is passed over at once; while the row is locked its attempted_at is the committed one */
-#define SEES_NO_MATCH (row_new || !row || attempted_at != stamp)
+#define SEES_NO_MATCH (row_new || !row || claimed_at != stamp)
 #ifdef BUG_RELEASE_UNGUARDED
 #define RELEASE_NO_WAIT (qlock == 0 || row_new || !row)
 #else
 #define RELEASE_NO_WAIT (qlock == 0 || SEES_NO_MATCH)
 #endif
 
-/* an attempt ends without giving its count back (failure, death, superseded claim) */
-#define END_COUNTED \
+/* my claim of this row incarnation is still outstanding, or was settled while I stalled */
+#define MINE (row && inc == myinc && claimed_at == stamp)
+#define MINE_SETTLED (row && inc == myinc && settled > 0 && settled_of == me)
+
+/* an attempt whose claim is no longer the row's ends: settled while this drain stalled (it is
+   counted already), or (only in the broken variants) overwritten or given back by another
+   drain, uncounted */
+#define END_SUPERSEDED \
     if \
-    :: row && inc == myinc -> failures++; live-- \
+    :: MINE_SETTLED -> failures++; live--; settled--; settled_of = 0 \
+    :: !MINE_SETTLED && row && inc == myinc -> failures++; live-- \
     :: else -> skip \
     fi
 
-/* release_claim(project_id, attempted_at, previous_attempted_at, ...): the ghosts follow the
- * guarded statement (it gives back this claim's own count or nothing); the bug variant's SQL
- * does not check the stamp */
+/* the drain dies: its claim stays (claimed_at) until a tick settles it as abandoned */
+#define DIE \
+    if \
+    :: MINE -> failures++; live--; abandoned++; owner = 0 \
+    :: else -> END_SUPERSEDED \
+    fi
+
+/* release_claim(project_id, claimed_at, previous_attempted_at): gives back this claim (no
+ * attempt in progress, the retry clock as before), or nothing when the claim is no longer the
+ * row's; the bug variant's SQL does not check the stamp */
 #ifdef BUG_RELEASE_UNGUARDED
 #define RELEASE \
     if \
-    :: row && !row_new && attempted_at == stamp -> live-- \
-    :: else -> END_COUNTED \
+    :: row && !row_new && claimed_at == stamp -> live--; owner = 0 \
+    :: else -> END_SUPERSEDED \
     fi; \
     if \
-    :: row && !row_new -> attempts--; attempted_at = prev \
+    :: row && !row_new -> claimed_at = NONE; attempted_at = prev \
     :: else -> skip \
     fi
 #else
 #define RELEASE \
     if \
-    :: row && !row_new && attempted_at == stamp -> attempts--; attempted_at = prev; live-- \
-    :: else -> END_COUNTED \
+    :: row && !row_new && claimed_at == stamp -> \
+       claimed_at = NONE; attempted_at = prev; live--; owner = 0 \
+    :: else -> END_SUPERSEDED \
     fi
 #endif
 
-/* record_failure: last_error only (the claim counted the attempt); in the lease variant a
- * failure hands the lease back */
-#ifdef BUG_LEASE_NO_EXPIRY
+/* record_failure (WHERE project_id = ..: the work transaction holds the claimed row, so it is
+ * this claim's; without the re-lock of the bug variant it may not be): one more failed run, no
+ * attempt in progress */
 #define RECORD_FAILURE \
     if \
-    :: row && !row_new && attempted_at == stamp -> attempted_at = NONE \
+    :: MINE -> failures++; live--; owner = 0 \
+    :: else -> END_SUPERSEDED \
+    fi; \
+    if \
+    :: row && !row_new -> attempts++; claimed_at = NONE \
     :: else -> skip \
     fi
-#else
-#define RECORD_FAILURE skip
-#endif
+
+/* settle_abandoned_claims: the claim counted as a failed run, its row free again */
+#define SETTLE \
+    attempts++; claimed_at = NONE; \
+    if \
+    :: owner == 0 -> abandoned-- \
+    :: else -> assert(settled == 0); settled++; settled_of = owner; owner = 0 \
+    fi; \
+    printf("drain %d: settle_abandoned_claims: attempt_count %d\n", me, attempts)
 
 /* request_project_recalc's INSERT ... ON CONFLICT DO UPDATE, with the row lock in hand */
 inline upsert()
@@ -325,12 +376,12 @@ inline upsert()
        /* no row (never queued, or deleted by a recalc while this waited): INSERT, due_at =
           now() + debounce, first_requested_at = now(); invisible till the COMMIT */
        row = true; row_new = true;
-       due_at = t + DEBOUNCE; first_at = t; attempts = 0; attempted_at = NONE;
+       due_at = t + DEBOUNCE; first_at = t; attempts = 0; attempted_at = NONE; claimed_at = NONE;
        if
        :: waited -> MARK(R_INSERT_AFTER_WAIT)   /* it waited for a recalc that deleted the row */
        :: else -> skip
        fi;
-       inc++; failures = 0; live = 0;
+       inc++; failures = 0; live = 0; owner = 0; abandoned = 0; settled = 0; settled_of = 0;
        printf("writer %d: request_project_recalc INSERT: due_at %d, first_requested_at %d\n",
               me, due_at, first_at)
     :: else ->
@@ -401,7 +452,7 @@ proctype writer(byte me; bool layout)
 inline relocked()
 {
     if
-    :: row && !row_new && attempted_at == stamp ->
+    :: row && !row_new && claimed_at == stamp ->
        assert(inc == myinc);                 /* the stamp identifies the claim */
 #ifndef BUG_NO_RELOCK
        qlock = me;
@@ -413,20 +464,21 @@ inline relocked()
        :: row && inc == myinc -> MARK(R_SUPERSEDED)
        :: else -> skip
        fi;
-       END_COUNTED;
-       printf("drain %d: lock_claimed_request: NULL, deferred (the claim stays counted)\n", me);
+       END_SUPERSEDED;
+       printf("drain %d: lock_claimed_request: NULL, deferred (the claim was settled)\n", me);
        FORGET;
        goto end_tick
     fi
 }
 
-/* the claim: counted and stamped */
+/* the claim: stamped (claimed_at, attempted_at), nothing counted */
 inline claim()
 {
     assert(attempts < POISON && failures < POISON);  /* 4: never claimed after poison */
-    prev = attempted_at; stamp = now; attempted_at = now; attempts++; live++; myinc = inc;
-    printf("drain %d: claim_due_request; COMMIT: attempt_count %d, attempted_at %d\n",
-           me, attempts, stamp)
+    prev = attempted_at; stamp = now; attempted_at = now; claimed_at = now; owner = me;
+    live++; myinc = inc;
+    printf("drain %d: claim_due_request; COMMIT: claimed_at %d (attempt_count %d)\n",
+           me, stamp, attempts)
 }
 
 proctype drain(byte me)
@@ -442,7 +494,12 @@ end_tick:
 #ifdef BUG_CLAIM_NO_LOCK
     /* the ready CTE as a plain read; then the UPDATE ... FROM ready waits for the row lock and
        re-checks only r.project_id = ready.project_id */
-    atomic { READY -> ok = true };
+    atomic {
+        if
+        :: READY -> ok = true
+        :: ABANDONED -> SETTLE; goto end_tick
+        fi
+    };
     if
     :: ok ->
        atomic {
@@ -460,7 +517,7 @@ end_tick:
     fi;
     if
     :: atomic {
-           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); END_COUNTED;
+           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); DIE;
            printf("drain %d dies before its work transaction\n", me);
            FORGET; goto end_tick
        }
@@ -472,10 +529,14 @@ end_tick:
        for; COMMIT) */
     atomic {
         if
+        :: ABANDONED ->
+           /* the tick's settle_abandoned_claims (each tick runs it first; it changes the row
+              only when a claim is abandoned, so here it is a step of its own) */
+           SETTLE; goto end_tick
         :: READY && qlock == 0 && qwaiters == 0 -> claim()
         :: READY && qlock == 0 && qwaiters == 0 && deaths < MAX_DEATHS ->
-           /* ... and the drain dies before its work transaction: the claim stays counted */
-           claim(); deaths++; MARK(R_DEATH); END_COUNTED;
+           /* ... and the drain dies before its work transaction: the claim stays */
+           claim(); deaths++; MARK(R_DEATH); DIE;
            printf("drain %d dies before its work transaction\n", me);
            FORGET; goto end_tick
         fi                          /* (nothing ready: the drain polls; here it waits) */
@@ -544,7 +605,8 @@ end_tick:
            assert(seen == committed);        /* 1: nothing committed during the recalc */
            if
            :: row && !row_new ->
-              row = false; due_at = 0; first_at = 0; attempts = 0; attempted_at = NONE
+              row = false; due_at = 0; first_at = 0; attempts = 0; attempted_at = NONE;
+              claimed_at = NONE; owner = 0
            :: else -> skip
            fi;
            if
@@ -560,16 +622,16 @@ end_tick:
            /* a statement fails: ROLLBACK TO SAVEPOINT (releases the hierarchy rows);
               record_failure (the queue row still locked); record_outcome; COMMIT */
            MARK(R_FAILURE);
-           RECORD_FAILURE; hlock = 0; END_COUNTED; in_work--; UNLOCK_Q;
+           RECORD_FAILURE; hlock = 0; in_work--; UNLOCK_Q;
            printf("drain %d: a recalc fails: ROLLBACK TO SAVEPOINT; record_failure; COMMIT\n",
                   me);
            FORGET; goto end_tick
        }
     :: atomic {
            deaths < MAX_DEATHS ->
-           /* the drain dies: the work rolls back, the claim stays counted */
+           /* the drain dies: the work rolls back, the claim stays till a tick settles it */
            deaths++; MARK(R_DEATH);
-           hlock = 0; UNLOCK_Q; in_work--; END_COUNTED;
+           hlock = 0; UNLOCK_Q; in_work--; DIE;
            printf("drain %d dies in its work transaction\n", me);
            FORGET; goto end_tick
        }
@@ -586,21 +648,21 @@ give_back:
     /* _give_back: release_claim in autocommit (it waits for the row lock, queued) */
     if
     :: atomic {
-           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); END_COUNTED;
+           deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); DIE;
            printf("drain %d dies before release_claim\n", me);
            FORGET
        }
     :: atomic {
            RELEASE_NO_WAIT -> RELEASE;
-           printf("drain %d: release_claim: attempt_count %d, attempted_at %d\n",
-                  me, attempts, attempted_at);
+           printf("drain %d: release_claim: claimed_at %d, attempted_at %d\n",
+                  me, claimed_at, attempted_at);
            FORGET
        }
     :: atomic { !RELEASE_NO_WAIT -> qwaiters++ };
        atomic {
            RELEASE_NO_WAIT -> qwaiters--; RELEASE;
-           printf("drain %d: release_claim: attempt_count %d, attempted_at %d\n",
-                  me, attempts, attempted_at);
+           printf("drain %d: release_claim: claimed_at %d, attempted_at %d\n",
+                  me, claimed_at, attempted_at);
            FORGET
        }
     fi;
@@ -631,13 +693,13 @@ end_monitor:
     atomic {
         !(fresh == committed || (row && !row_new)) ||
         !(in_work <= 1) ||
-        !(!row || (attempts == failures + live && attempts <= POISON)) ||
-        !(!(POISONED && live == 0) || failures == POISON) ||
+        !(!row || (attempts + abandoned == failures + settled && attempts <= POISON)) ||
+        !(!(POISONED && QUIET) || failures == POISON) ||
         PROBE ->
         assert(fresh == committed || (row && !row_new));     /* 1: no trigger lost */
         assert(in_work <= 1);                                /* 2: mutual exclusion */
-        assert(!row || (attempts == failures + live && attempts <= POISON)); /* 4 */
-        assert(!(POISONED && live == 0) || failures == POISON);             /* 4 */
+        assert(!row || (attempts + abandoned == failures + settled && attempts <= POISON)); /* 4 */
+        assert(!(POISONED && QUIET) || failures == POISON);                  /* 4 */
         assert(!PROBE)                                       /* a probe: reachable */
     }
 }

@@ -146,6 +146,14 @@ def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
     _summary(load_continuously(settings, options).as_dict())
 
 
+def cmd_devstats_backfill(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.devstats.loader import backfill
+    from pin_pipelines.devstats.replay import IdRange
+
+    ids = IdRange(args.from_id, args.to_id)  # an empty range fails here, before any replay
+    _summary(backfill(settings, ids=ids).as_dict())
+
+
 def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
     """An operator's read: the developer is named on the command line, so the Actor comes from
     the operator's door (devstats/operator.py), which the read API cannot reach."""
@@ -175,6 +183,13 @@ def cmd_metrics_serve(args: argparse.Namespace, settings: Settings) -> None:
     from pin_pipelines.metrics import serve_metrics
 
     serve_metrics(settings, port=args.port)
+
+
+def cmd_metrics_rules(args: argparse.Namespace, settings: Settings) -> None:
+    from pin_pipelines.metrics.rules import AlertThresholds, render_rules, thresholds_with
+
+    base = AlertThresholds(tick_seconds=settings.recalc_tick_seconds)
+    sys.stdout.write(render_rules(thresholds_with(args.set, base)))
 
 
 # --- parser ----------------------------------------------------------------------------------
@@ -286,6 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--once", action="store_true", help="up to the events in the topic at the start, then exit"
     )
     load.set_defaults(handler=cmd_devstats_load)
+    backfill = devstats.add_parser(
+        "backfill",
+        help="replay the topic from its beginning into dim_layout_group (the version guard "
+        "skips what is stored); with --from-id/--to-id only those LayoutGroupIds are inserted",
+    )
+    backfill.add_argument(
+        "--from-id", type=_uuid, metavar="UUID", help="first LayoutGroupId (included)"
+    )
+    backfill.add_argument(
+        "--to-id", type=_uuid, metavar="UUID", help="last LayoutGroupId (included)"
+    )
+    backfill.set_defaults(handler=cmd_devstats_backfill)
     labels = devstats.add_parser("labels", help="layout-group labels for one developer")
     labels.add_argument("--developer-id", type=_uuid, required=True)
     labels.add_argument("--ids", type=_uuid_list, required=True)
@@ -303,8 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api_serve = api.add_parser(
         "serve",
-        help="serve the read API on PIN_API_ADDR:PIN_API_PORT until SIGTERM/SIGINT (bearer "
-        "tokens of PIN_API_JWKS_URL's keys, PIN_API_ISSUER, PIN_API_AUDIENCE)",
+        help="serve the read API on PIN_API_ADDR:PIN_API_PORT, its /metrics on "
+        "PIN_API_METRICS_PORT, until SIGTERM/SIGINT (bearer tokens of PIN_API_JWKS_URL's keys, "
+        "PIN_API_ISSUER, PIN_API_AUDIENCE)",
     )
     api_serve.set_defaults(handler=cmd_api_serve)
 
@@ -314,6 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_serve = metrics.add_parser("serve", help="serve /metrics until interrupted")
     metrics_serve.add_argument("--port", type=int, default=None, help="default PIN_METRICS_PORT")
     metrics_serve.set_defaults(handler=cmd_metrics_serve)
+    metrics_rules = metrics.add_parser(
+        "rules", help="print the Prometheus alert rules for these thresholds"
+    )
+    metrics_rules.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a threshold other than its default (repeatable); the tick is PIN_RECALC_TICK_SECONDS",
+    )
+    metrics_rules.set_defaults(handler=cmd_metrics_rules)
     return parser
 
 

@@ -18,7 +18,11 @@ DEFAULT_METRICS_PORT = 9108
 #: `pin api serve` (CONTRACT section 7): loopback unless told otherwise, like the exporter.
 DEFAULT_API_ADDR = "127.0.0.1"
 DEFAULT_API_PORT = 8090
+#: The API's Prometheus /metrics: a listener of its own, on PIN_API_ADDR (no token there).
+DEFAULT_API_METRICS_PORT = 8091
 DEFAULT_RECALC_MAX_DRAIN_RUNS = 2
+#: Spec 000: the worker ticks every 5 s (the recalc sensor's interval; the alert rules' unit).
+DEFAULT_RECALC_TICK_SECONDS = 5
 #: Followed by the database's name: two outboxes publishing to one Kafka cluster (staging and a
 #: benchmark on a shared broker) must not fence each other's relays.
 RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
@@ -94,6 +98,9 @@ class Settings:
     #: Concurrent recalc_drain_job runs (PIN_RECALC_MAX_DRAIN_RUNS): the sensor launches no more,
     #: and the run queue of the Dagster instance that `pin serve` prepares admits no more.
     recalc_max_drain_runs: int
+    #: PIN_RECALC_TICK_SECONDS: the recalc scheduler's interval (whole seconds ≥ 1); the worker
+    #: liveness alerts count missed ticks in it (`pin metrics rules`).
+    recalc_tick_seconds: int
     #: The outbox relay's Kafka `transactional.id`: stable, so a new relay fences the one before it.
     #: One per outbox; two outboxes on one Kafka cluster need two.
     relay_transactional_id: str
@@ -125,6 +132,9 @@ class Settings:
     #: needs them, and it refuses to start without them.
     api_addr: str = DEFAULT_API_ADDR
     api_port: int = DEFAULT_API_PORT
+    #: PIN_API_METRICS_PORT: where `pin api serve` serves its /metrics, on PIN_API_ADDR too (not
+    #: PIN_API_PORT: every request there but /healthz and /openapi.json needs a token).
+    api_metrics_port: int = DEFAULT_API_METRICS_PORT
     api_jwks_url: str | None = None
     api_issuer: str | None = None
     api_audience: str | None = None
@@ -159,6 +169,7 @@ class Settings:
             dagster_port=int(port),
             dagster_pg_url=e.get("PIN_DAGSTER_PG_URL") or dagster_pg_url_from(pg_dsn),
             recalc_max_drain_runs=int(drain_runs),
+            recalc_tick_seconds=recalc_tick_seconds(e),
             relay_transactional_id=e.get("PIN_RELAY_TRANSACTIONAL_ID")
             or f"{RELAY_TRANSACTIONAL_ID_PREFIX}-{PgTarget.parse(pg_dsn).dbname}",
             dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
@@ -173,6 +184,7 @@ class Settings:
             or DEFAULT_CLICKHOUSE_SERVER_URL,
             api_addr=e.get("PIN_API_ADDR") or DEFAULT_API_ADDR,
             api_port=_port(e, "PIN_API_PORT", DEFAULT_API_PORT),
+            api_metrics_port=_api_metrics_port(e),
             api_jwks_url=_http_url(e, "PIN_API_JWKS_URL"),
             api_issuer=e.get("PIN_API_ISSUER") or None,
             api_audience=e.get("PIN_API_AUDIENCE") or None,
@@ -211,6 +223,12 @@ def _whole(env: Mapping[str, str], name: str) -> int | None:
     return int(raw)
 
 
+def recalc_tick_seconds(env: Mapping[str, str]) -> int:
+    """PIN_RECALC_TICK_SECONDS, apart from Settings: the sensor's interval is fixed when the
+    definitions load, before any setting is read at run time."""
+    return _whole(env, "PIN_RECALC_TICK_SECONDS") or DEFAULT_RECALC_TICK_SECONDS
+
+
 def _load_runs(env: Mapping[str, str], clickhouse_url: str) -> int:
     """PIN_DEVSTATS_MAX_LOAD_RUNS; above 1 only on a ClickHouse server: the embedded engine's
     folder admits one process, so a second loader there would fail, not help."""
@@ -228,6 +246,14 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdecimal() or not 0 < int(raw) < 65536:
         raise PinError(f"{name} must be a port number, got {raw!r}")
     return int(raw)
+
+
+def _api_metrics_port(env: Mapping[str, str]) -> int:
+    """PIN_API_METRICS_PORT, never PIN_API_PORT: the two are two listeners of one process."""
+    port = _port(env, "PIN_API_METRICS_PORT", DEFAULT_API_METRICS_PORT)
+    if port == _port(env, "PIN_API_PORT", DEFAULT_API_PORT):
+        raise PinError(f"PIN_API_METRICS_PORT must differ from PIN_API_PORT, both are {port}")
+    return port
 
 
 def _http_url(env: Mapping[str, str], name: str) -> str | None:

@@ -7,9 +7,9 @@ project's groups, for the developer a bearer token proves (spec 003, security).
 - `jwks.py`   the identity provider's keys, cached and refreshed (rate-limited)
 - `params.py` the query parameters, parsed and described (OpenAPI)
 - `app.py`    the routes, answers and one-line errors (FastAPI)
-- `observe.py` a JSON log line and metrics per request, `/metrics`
+- `observe.py` a JSON log line and metrics per request (served on PIN_API_METRICS_PORT)
 - `pool.py`   the connections to the dimension, lent one request at a time
-- `server.py` uvicorn until SIGTERM/SIGINT
+- `server.py` uvicorn and the /metrics listener until SIGTERM/SIGINT
 
 This package reads the dimension only through `devstats.reads` (an Actor per read). It cannot
 import the operator side — `devstats.dim` (the loader's guard and write), `devstats.operator`

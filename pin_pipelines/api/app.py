@@ -8,9 +8,11 @@ never on the event loop.
 
 Every answer that is not a 200 is `{"error": "<one line>"}`: 400 for parameters (FastAPI's own
 422 included, had it anything to validate), 401 with `WWW-Authenticate: Bearer`, 403, 404/405
-for paths and methods the API does not have, 503 when the dimension cannot be read. Nothing a
-client sends leads to a 5xx; an unexpected failure is a 500 with a fixed message, its cause in
-the request's log line only.
+for paths and methods the API does not have, 503 when the dimension cannot be read. Only
+PUBLIC_PATHS answer without a token: elsewhere a path or method the API does not have is a 404
+or 405 for a valid token only, and a 401 or 403 like any read otherwise (`/metrics` too: it is
+served on a port of its own, server.py). Nothing a client sends leads to a 5xx; an unexpected
+failure is a 500 with a fixed message, its cause in the request's log line only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from uuid import UUID
 from fastapi import FastAPI, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.datastructures import QueryParams
@@ -88,6 +90,8 @@ _BEARER = HTTPBearer(
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 
 _MESSAGES = {404: "no such path", 405: "method not allowed"}
+#: The paths that answer without a token (CONTRACT section 7).
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json"})
 _UNAVAILABLE = "the dimension cannot be read right now"
 
 
@@ -113,7 +117,7 @@ def create_app(
     pool: ClickHousePool, verifier: TokenVerifier, metrics: ApiMetrics | None = None
 ) -> FastAPI:
     """The API over `pool`'s dimension for the tokens `verifier` accepts; `metrics` (its own
-    registry by default) counts the requests and is served at /metrics."""
+    registry by default) counts the requests (served apart from the app: server.py)."""
     metrics = metrics or ApiMetrics()
     reader = _Reader(pool, verifier)
     app = FastAPI(
@@ -126,7 +130,7 @@ def create_app(
         redirect_slashes=False,
     )
     app.add_middleware(RequestLog, metrics=metrics)
-    _answer_errors_in_one_line(app)
+    _answer_errors_in_one_line(app, reader)
 
     @app.get(
         "/v1/layout-groups/labels",
@@ -162,11 +166,6 @@ def create_app(
     async def healthz() -> Any:
         await run_in_threadpool(reader.check)
         return HealthBody(status="ok")
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
-        body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type)
 
     return app
 
@@ -212,6 +211,10 @@ class _Reader:
         with self._dimension() as ch:
             reads.readable(ch)
 
+    def authenticate(self, request: Request) -> None:
+        """The token checked for an answer that reads nothing (AuthError: 401 or 403)."""
+        self._actor(request)
+
     def _actor(self, request: Request) -> Actor:
         actor = self.verifier.actor(request.headers.get("authorization"))
         request.state.actor = actor
@@ -234,7 +237,7 @@ def _query(request: Request, known: tuple[str, ...]) -> QueryParams:
     return query
 
 
-def _answer_errors_in_one_line(app: FastAPI) -> None:
+def _answer_errors_in_one_line(app: FastAPI, reader: _Reader) -> None:
     def answer(
         request: Request,
         status: int,
@@ -264,6 +267,11 @@ def _answer_errors_in_one_line(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code in _MESSAGES and request.scope["path"] not in PUBLIC_PATHS:
+            try:  # no path or method is disclosed to a request without a valid token
+                await run_in_threadpool(reader.authenticate, request)
+            except AuthError as refused:
+                return await on_auth(request, refused)
         message = _MESSAGES.get(exc.status_code) or first_line(Exception(str(exc.detail)))
         return answer(request, exc.status_code, message, dict(exc.headers or {}) or None)
 

@@ -1,10 +1,13 @@
 """Every request of the read API logged (one JSON line with its actor) and counted.
 
 The API is a process of its own that answers requests itself, so unlike the pipelines (counted
-in PostgreSQL rows and served by `pin metrics serve`) it counts in memory and serves its own
-`/metrics` (prometheus-client's text format): `devstats_api_requests_total{status}`,
-`devstats_api_request_duration_seconds{route}` and the process's own `process_*`. A restart
-starts the counters from zero, which Prometheus' `rate()` expects of a counter.
+in PostgreSQL rows and served by `pin metrics serve`) it counts in memory (`ApiMetrics`) and
+serves its own `/metrics` (prometheus-client's text format): `devstats_api_requests_total{status}`,
+`devstats_api_request_duration_seconds{route}` and the process's own `process_*`. They are served
+on a listener of their own, PIN_API_ADDR:PIN_API_METRICS_PORT (`server.serve_metrics`, no token),
+not on the API's port, where `/metrics` is a path like any other the API does not have (a 401
+without a valid token). A restart starts the counters from zero, which Prometheus' `rate()`
+expects of a counter.
 
 The middleware is plain ASGI (no BaseHTTPMiddleware task per request): it reads the status
 from the response's first message, and the actor and the error the handlers left in the
@@ -40,7 +43,6 @@ ROUTES = {
     "/v1/layout-groups": "groups",
     "/healthz": "healthz",
     "/openapi.json": "openapi",
-    "/metrics": "metrics",
 }
 #: Seconds; a labels read of 100 ids takes a few milliseconds (README, Performance).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -71,7 +73,8 @@ class ApiMetrics:
         self.latency.labels(route).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
-        """The body and content type of a `/metrics` answer."""
+        """The body and content type of a `/metrics` answer (the metrics listener's, as
+        prometheus-client's server writes it; for tests and tools that read it in-process)."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

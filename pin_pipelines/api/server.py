@@ -7,6 +7,12 @@ too) and runs uvicorn in a thread: the main thread keeps the project's SIGTERM/S
 (`signals.py`, whatever dispositions the process inherited) and refreshes the keys that have
 grown old (`JwksCache.refresh_if_stale`). On a stop signal uvicorn stops accepting, finishes the
 requests in flight (at most GRACEFUL_SECONDS) and the command exits 0.
+
+Its Prometheus `/metrics` (observe.py's `ApiMetrics`) has a listener of its own,
+PIN_API_ADDR:PIN_API_METRICS_PORT (prometheus-client's `start_http_server`, in its thread, no
+token), so that every request to the API's port but /healthz and /openapi.json needs one
+(CONTRACT section 7). It starts before `api_serving` (a port in use is one line as well) and
+closes on the stop, with uvicorn.
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ import logging
 import socket
 import threading
 import time
+from wsgiref.simple_server import WSGIServer
 
 import h11
 import uvicorn
+from prometheus_client import start_http_server
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pin_pipelines.api.app import create_app
 from pin_pipelines.api.auth import TokenVerifier
 from pin_pipelines.api.jwks import JwksCache
+from pin_pipelines.api.observe import ApiMetrics
 from pin_pipelines.api.params import MAX_QUERY_BYTES
 from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.config import Settings
@@ -61,18 +70,23 @@ def serve_api(settings: Settings) -> None:
                 readable(ch)
         except PinError as exc:
             raise PinError(f"the dimension cannot be read ({first_line(exc)})") from exc
-        server = uvicorn.Server(_config(create_app(pool, verifier)))
+        metrics = ApiMetrics()
+        server = uvicorn.Server(_config(create_app(pool, verifier, metrics)))
         listener = _listen(settings.api_addr, settings.api_port)
         thread = threading.Thread(
             target=server.run, kwargs={"sockets": [listener]}, name="pin-api-server", daemon=True
         )
+        scraped: WSGIServer | None = None
         try:
+            scraped = serve_metrics(metrics, settings.api_addr, settings.api_metrics_port)
             thread.start()
             _wait_until_started(server, thread)
+            host = _host(settings.api_addr)
             log_event(
                 log,
                 "api_serving",
-                url=f"http://{_host(settings.api_addr)}:{listener.getsockname()[1]}",
+                url=f"http://{host}:{listener.getsockname()[1]}",
+                metrics_url=f"http://{host}:{scraped.server_port}/metrics",
                 clickhouse=pool.location,
                 jwks_keys=keys,
             )
@@ -83,6 +97,9 @@ def serve_api(settings: Settings) -> None:
                 time.sleep(STOP_POLL_SECONDS)
         finally:
             server.should_exit = True
+            if scraped is not None:  # its loop polls every 0.5 s, while uvicorn stops
+                scraped.shutdown()
+                scraped.server_close()
             if thread.is_alive():
                 thread.join(GRACEFUL_SECONDS + 5)
             listener.close()
@@ -108,6 +125,20 @@ def _listen(addr: str, port: int) -> socket.socket:
         return socket.create_server((addr, port), family=family, backlog=2048)
     except OSError as exc:
         raise PinError(f"cannot listen on {_host(addr)}:{port}: {exc.strerror or exc}") from exc
+
+
+def serve_metrics(metrics: ApiMetrics, addr: str, port: int) -> WSGIServer:
+    """`metrics`' registry served on `addr:port` (0: a free port, see `.server_port`) by
+    prometheus-client's own server, in a daemon thread; `shutdown()` and `server_close()` stop
+    it. An address in use is one line, like the API's port."""
+    try:
+        scraped, _ = start_http_server(port, addr, registry=metrics.registry)
+    except OSError as exc:
+        raise PinError(
+            f"cannot listen on {_host(addr)}:{port} for /metrics "
+            f"(PIN_API_METRICS_PORT): {exc.strerror or exc}"
+        ) from exc
+    return scraped
 
 
 def _config(app: object) -> uvicorn.Config:

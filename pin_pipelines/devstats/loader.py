@@ -64,6 +64,7 @@ from pin_pipelines.devstats.offsets import (
     topic_partitions,
     watermarks,
 )
+from pin_pipelines.devstats.replay import EVERY_GROUP, IdRange, RangedReplay
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
 from pin_pipelines.quantiles import quantile
@@ -110,6 +111,7 @@ class LoadSummary:
     inserted: int = 0
     skipped_stale: int = 0  # older than the stored version, or superseded within the batch
     dead_lettered: int = 0
+    skipped_out_of_range: int = 0  # a ranged backfill's events of other groups (RangedReplay)
     batches: int = 0
     lag: dict[int, int] = field(default_factory=dict)  # partition → events left after the load
     #: A cycle: False when max_seconds ran out before the start watermarks. A continuous load:
@@ -127,7 +129,8 @@ class LoadSummary:
 
 
 def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
-    """One cycle: `pin devstats load --once`, the backfill, the tests."""
+    """One cycle: `pin devstats load --once`, the tests (a backfill is one after moving the
+    group back)."""
     return _load(settings, options or LoadOptions(), continuous=False)
 
 
@@ -141,7 +144,13 @@ def load_continuously(settings: Settings, options: LoadOptions | None = None) ->
     return _load(settings, options or LoadOptions(), continuous=True)
 
 
-def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> LoadSummary:
+def _load(
+    settings: Settings,
+    options: LoadOptions,
+    *,
+    continuous: bool,
+    replay: RangedReplay | None = None,
+) -> LoadSummary:
     counters = _Counters(settings.pg_dsn, every=COUNTERS_EVERY_SECONDS if continuous else None)
     with (
         open_clickhouse(settings.clickhouse_url, serve=continuous) as ch,
@@ -154,7 +163,7 @@ def _load(settings: Settings, options: LoadOptions, *, continuous: bool) -> Load
             for _ in range(ch.inserts_in_flight - 1)
         ]
         summary = _Cycle(
-            writers, consumers, settings.kafka_bootstrap, options, continuous, counters
+            writers, consumers, settings.kafka_bootstrap, options, continuous, counters, replay
         ).run()
     counters.record()
     return summary
@@ -192,19 +201,34 @@ class _Counters:
             self.inserted = self.skipped_stale = 0
 
 
-def backfill(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
+def backfill(
+    settings: Settings, options: LoadOptions | None = None, ids: IdRange = EVERY_GROUP
+) -> LoadSummary:
     """Replay the topic from the beginning through the loader's group (idempotent: the guard skips
     what is stored, so the dimension ends the same). Bad messages are dead-lettered again; the DLQ
-    headers (source topic, partition, offset) identify repeats."""
+    headers (source topic, partition, offset) identify repeats.
+
+    With `ids` bounded, the events the group had passed that belong to other groups are read
+    and not inserted (`skipped_out_of_range`); those it had not reached yet load as usual (see
+    RangedReplay)."""
     options = options or LoadOptions()
+    topic = options.topic
     with kafka_consumer(settings.kafka_bootstrap, options.group) as consumer:
-        beginnings = [
-            TopicPartition(options.topic, p, watermarks(consumer, options.topic, p)[0])
-            for p in topic_partitions(consumer, options.topic)
-        ]
-        if beginnings:
-            commit_offsets(consumer, beginnings)
-    return load_once(settings, options)
+        marks = {p: watermarks(consumer, topic, p) for p in topic_partitions(consumer, topic)}
+        replay = None
+        if marks:
+            if ids.bounded:
+                replay = RangedReplay(ids, _passed(consumer, topic, marks))
+            commit_offsets(
+                consumer, [TopicPartition(topic, p, low) for p, (low, _) in marks.items()]
+            )
+    return _load(settings, options, continuous=False, replay=replay)
+
+
+def _passed(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Partition → where the group's next load would start: what it had loaded ends there."""
+    committed = committed_offsets(consumer, topic, list(marks))
+    return {tp.partition: first_unloaded(tp.offset, *marks[tp.partition]) for tp in committed}
 
 
 @dataclass
@@ -215,7 +239,8 @@ class _Batch:
     bad: list[tuple[Message, str]]  # unreadable messages and why, for the DLQ
     ends: dict[int, int]  # partition → offset after the batch's last message
     size: int  # messages
-    decoded: int  # readable events, superseded ones included
+    decoded: int  # readable events to guard, superseded ones included
+    outside: int  # readable events of groups a ranged backfill leaves out (RangedReplay)
     started: float = field(default_factory=time.monotonic)
     fresh: list[LayoutGroupUpserted] = field(default_factory=list)  # newer than stored: inserted
     #: Group → Kafka timestamp (ms) of the message whose event `newest` kept.
@@ -225,19 +250,26 @@ class _Batch:
     started_ns: int = field(default_factory=time.time_ns)
 
 
-def _decode(messages: Sequence[Message], ends: dict[int, int]) -> _Batch:
+def _decode(
+    messages: Sequence[Message], ends: dict[int, int], replay: RangedReplay | None
+) -> _Batch:
     events: list[LayoutGroupUpserted] = []
     readable: list[Message] = []
     bad: list[tuple[Message, str]] = []
+    outside = 0
     for msg in messages:
         try:
-            events.append(parse_message(msg.key(), msg.value()))
+            event = parse_message(msg.key(), msg.value())
         except BadEvent as exc:
             bad.append((msg, str(exc)))
         else:
-            readable.append(msg)
+            if replay is not None and replay.skips(event.id, *_position(msg)):
+                outside += 1
+            else:
+                events.append(event)
+                readable.append(msg)
     newest = newest_per_group(events)
-    batch = _Batch(newest, bad, ends, len(messages), len(events))
+    batch = _Batch(newest, bad, ends, len(messages), len(events), outside)
     for event, msg in zip(events, readable, strict=True):
         key = event.id.int
         if newest[key] is event:
@@ -264,12 +296,14 @@ class _Cycle:
         options: LoadOptions,
         continuous: bool,
         counters: _Counters,
+        replay: RangedReplay | None,
     ) -> None:
         self.consumers = consumers
         self.bootstrap = bootstrap
         self.options = options
         self.continuous = continuous
         self.counters = counters
+        self.replay = replay
         self.summary = LoadSummary()
         self.deadline = time.monotonic() + options.max_seconds
         #: Produced → visible of inserted events, seconds: a uniform sample of `freshness_seen`.
@@ -500,7 +534,7 @@ class _Cycle:
         self.counters.record_if_due()
 
     def _flush(self) -> None:
-        batch = _decode(self.buffer, self.buffer_ends)
+        batch = _decode(self.buffer, self.buffer_ends, self.replay)
         self.buffer, self.buffer_ends = [], {}
         self._next(batch)
 
@@ -616,6 +650,7 @@ class _Cycle:
         self.summary.inserted += len(batch.fresh)
         self.summary.skipped_stale += batch.decoded - len(batch.fresh)
         self.summary.dead_lettered += len(batch.bad)
+        self.summary.skipped_out_of_range += batch.outside
         self.counters.add(len(batch.fresh), batch.decoded - len(batch.fresh))
         self.counters.record_if_due()
         if tracing_enabled():  # from its decoding to its offsets, linked to its recalcs

@@ -53,6 +53,14 @@ class _WorkerTicks:
 
 
 @dataclass(frozen=True)
+class _SchedulerBeats:
+    """Beats of every scheduler and the newest one's unix time, None before the first."""
+
+    beats: int
+    last_beat_at: float | None
+
+
+@dataclass(frozen=True)
 class _CounterTotal:
     """One persisted counter, shards summed (counter_totals)."""
 
@@ -72,6 +80,8 @@ class PostgresState:
     bucket_bounds: tuple[float, ...] = ()
     ticks: int = 0
     last_tick_at: float = 0.0  # unix time; 0 before the first tick
+    beats: int = 0
+    last_beat_at: float = 0.0  # unix time; 0 before the first beat
     outbox_pending: int = 0
     outbox_lag_seconds: float = 0.0
     #: topic → (published, dead_lettered)
@@ -82,7 +92,9 @@ def read_state(conn: psycopg.Connection) -> PostgresState:
     """Everything in one short read-only pass (autocommit: no snapshot is held open)."""
     queue = fetch_one(Q.queue_gauges, conn, _QueueGauges)
     ticks = fetch_one(Q.worker_ticks, conn, _WorkerTicks)
-    assert queue is not None and ticks is not None  # aggregates without GROUP BY: one row each
+    beats = fetch_one(Q.scheduler_beats, conn, _SchedulerBeats)
+    # aggregates without GROUP BY: one row each
+    assert queue is not None and ticks is not None and beats is not None
     lag = relay_lag(conn)
     return PostgresState(
         depth=queue.depth,
@@ -95,6 +107,8 @@ def read_state(conn: psycopg.Connection) -> PostgresState:
         bucket_bounds=tuple(fetch_column(Q.duration_buckets, conn)),
         ticks=ticks.ticks,
         last_tick_at=ticks.last_tick_at or 0.0,
+        beats=beats.beats,
+        last_beat_at=beats.last_beat_at or 0.0,
         outbox_pending=int(lag["pending"]),
         outbox_lag_seconds=float(lag["lag_seconds"]),
         outbox_topics={
@@ -141,6 +155,12 @@ GAUGES = (
         "chessboard_recalc_last_tick_timestamp_seconds",
         "Unix time of the newest drain tick (0 before the first one): worker liveness.",
         "last_tick_at",
+    ),
+    (
+        "chessboard_recalc_scheduler_last_beat_timestamp_seconds",
+        "Unix time of the recalc scheduler's newest beat (0 before the first one): it beats on"
+        " every evaluation, rows due or not, so a dead scheduler shows on an empty queue too.",
+        "last_beat_at",
     ),
     (
         "chessboard_outbox_pending_events",
@@ -213,7 +233,13 @@ def _ticks(s: PostgresState | None) -> Iterable[Metric]:
     )
     if s is not None:
         ticks.add_metric([], s.ticks)
-    yield ticks
+    beats = CounterMetricFamily(
+        "chessboard_recalc_scheduler_beats",
+        "Evaluations of the recalc scheduler (the Dagster sensor), rows due or not.",
+    )
+    if s is not None:
+        beats.add_metric([], s.beats)
+    yield from (ticks, beats)
 
 
 def _outbox(s: PostgresState | None) -> Iterable[Metric]:

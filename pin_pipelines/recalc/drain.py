@@ -20,7 +20,7 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
-from pin_pipelines.db import connection, fetch_one, queries
+from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.errors import first_line
 from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
@@ -47,6 +47,10 @@ LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT = 0.5
 #: before its statement is cancelled: it then rolls back whole and its attempt is given back, so a
 #: deploy never waits out a stuck project nor counts it towards poison.
 STOP_GRACE_SECONDS = 5.0
+#: Spec 000: a tick takes < 30 s. No project is claimed once less than the stop grace is left,
+#: and the one in hand at the budget's end is cancelled then, as after a stop (rolled back whole,
+#: its attempt given back): a tick of slow projects ends within its budget, however many are due.
+TICK_BUDGET_SECONDS = 30.0
 #: Projects per tick without a `chessboard.recalc_settings` row.
 DEFAULT_BATCH_SIZE = 50
 
@@ -60,6 +64,8 @@ class ProjectResult:
     buildings_updated: int = 0
     requested_count: int = 0
     error: str | None = None
+    #: A failed project's failed runs, this one included.
+    attempt_count: int | None = None
 
 
 @dataclass
@@ -115,12 +121,21 @@ def drain_tick(
     should_stop: Callable[[], bool] = _never,
     correlation_id: str | None = None,
     stop_grace_seconds: float = STOP_GRACE_SECONDS,
+    budget_seconds: float = TICK_BUDGET_SECONDS,
 ) -> TickSummary:
     """One worker tick. `should_stop` is checked between projects (graceful cancellation: the
     project in hand commits or rolls back whole, the rest stays queued); a project still running
-    `stop_grace_seconds` after the stop is cancelled. `correlation_id` tags every log line of the
-    tick (a Dagster run passes its run id and tick number)."""
+    `stop_grace_seconds` after the stop is cancelled. The tick's own budget ends it the same way:
+    it stops claiming `stop_grace_seconds` before the end (at most half the budget) and cancels
+    the project in hand at the end. `correlation_id` tags every log line of the tick (a Dagster
+    run passes its run id and tick number)."""
     started = time.perf_counter()
+    grace = min(stop_grace_seconds, budget_seconds / 2)
+    claim_until = time.monotonic() + budget_seconds - grace
+
+    def stopping() -> bool:
+        return should_stop() or time.monotonic() >= claim_until
+
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with (
         tracer().start_as_current_span(
@@ -132,6 +147,7 @@ def drain_tick(
         if batch_size is None:
             configured = Q.batch_size(conn)
             batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
+        _settle_abandoned_claims(conn, summary.correlation_id)
         summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
         # every second, and those lines were most of its compute log (issue 15).
@@ -144,14 +160,14 @@ def drain_tick(
             size=min(summary.due_at_start, batch_size),
             due=summary.due_at_start,
         )
-        with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as attempt_running:
+        with _cancelled_after_stop(conn, stopping, grace) as attempt_running:
             for _ in range(batch_size):
-                if should_stop():
+                if stopping():
                     summary.stopped_early = True
                     break
                 attempted = [r.project_id for r in summary.results]
                 result = _process_next(
-                    conn, summary.correlation_id, attempted, should_stop, attempt_running
+                    conn, summary.correlation_id, attempted, stopping, attempt_running
                 )
                 if result is None:
                     break
@@ -174,6 +190,7 @@ def drain_tick(
                 "failed",
                 "skipped_archived",
                 "deferred",
+                "interrupted",
                 "poisoned",
                 "republished",
                 "stopped_early",
@@ -193,6 +210,29 @@ def drain_tick(
 
 
 @dataclass(frozen=True)
+class _AbandonedClaim:
+    """A claim whose drain died inside the attempt, now counted (settle_abandoned_claims)."""
+
+    project_id: UUID
+    attempt_count: int
+    last_error: str
+
+
+def _settle_abandoned_claims(conn: psycopg.Connection, correlation_id: str) -> None:
+    """Count the attempts of drains that died inside them as the failed runs they were."""
+    for claim in fetch_all(Q.settle_abandoned_claims, conn, _AbandonedClaim):
+        log_event(
+            log,
+            "project_claim_abandoned",
+            level=logging.WARNING,
+            correlation_id=correlation_id,
+            project_id=str(claim.project_id),
+            attempt_count=claim.attempt_count,
+            error=claim.last_error,
+        )
+
+
+@dataclass(frozen=True)
 class _Claim:
     """A claimed queue row (claim_due_request), with what release_claim needs to give it back."""
 
@@ -200,18 +240,18 @@ class _Claim:
     tenant_id: UUID
     last_reason: str
     requested_count: int
+    #: Failed runs before this attempt.
     attempt_count: int
     waited_seconds: float
-    attempted_at: datetime
+    #: The claim's identity: lock_claimed_request and release_claim match on it.
+    claimed_at: datetime
     previous_attempted_at: datetime | None
-    previous_last_error: str | None
 
     def release_params(self) -> dict[str, Any]:
         return {
             "project_id": self.project_id,
-            "attempted_at": self.attempted_at,
+            "claimed_at": self.claimed_at,
             "previous_attempted_at": self.previous_attempted_at,
-            "previous_last_error": self.previous_last_error,
         }
 
     def log_fields(self, correlation_id: str) -> dict[str, Any]:
@@ -269,9 +309,6 @@ def _cancelled_after_stop(
     project's attempt is still running (the yielded event is set), that attempt's statement is
     cancelled. Nothing is cancelled between attempts, where the stop is simply obeyed."""
     attempt_running = threading.Event()
-    if should_stop is _never:
-        yield attempt_running
-        return
     done = threading.Event()
 
     def watch() -> None:
@@ -321,17 +358,17 @@ def _process_next(
         # (an edit in flight since the claim's commit): contention, like a lock wait inside the
         # project, defers it with its attempt given back, and the tick goes on (spec: continue
         # over the batch), instead of failing the whole run.
-        _give_back(conn, claim)
+        _give_back(conn, claim, fields)
         result = ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
     except pg_errors.QueryCanceled:
         if not should_stop():
             raise
-        _give_back(conn, claim)
+        _give_back(conn, claim, fields)
         result = ProjectResult(claim.project_id, "interrupted", time.perf_counter() - started)
     except BaseException:
         # Interrupted some other way (KeyboardInterrupt, a Dagster run terminated from the UI):
         # the work rolled back, so the attempt is given back before the interruption goes on.
-        _give_back(conn, claim)
+        _give_back(conn, claim, fields)
         raise
     finally:
         attempt_running.clear()
@@ -351,11 +388,11 @@ def _outcome_fields(claim: _Claim, result: ProjectResult) -> dict[str, Any]:
             "waited_seconds": round(claim.waited_seconds, 1),
         }
     if result.outcome == "failed":
-        return {"attempt_count": claim.attempt_count, "error": result.error}
+        return {"attempt_count": result.attempt_count, "error": result.error}
     if result.outcome == "deferred":
         return {"reason": "row lock held elsewhere"}
     if result.outcome == "interrupted":
-        return {"reason": "the drain is stopping"}
+        return {"reason": "the drain is stopping, or the tick's budget is spent"}
     return {}
 
 
@@ -370,9 +407,10 @@ def _attempt(
             lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
         )
         if not Q.lock_claimed_request(
-            conn, project_id=claim.project_id, attempted_at=claim.attempted_at
+            conn, project_id=claim.project_id, claimed_at=claim.claimed_at
         ):
-            # Not this claim's any more: deleted by hand, or claimed anew by another drain.
+            # Not this claim's any more: deleted or requeued by hand, or settled as abandoned
+            # (this drain stalled past retry_interval since its claim).
             return ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
         try:
             # A savepoint: a failure rolls back the project's work but keeps the row locked, so
@@ -387,17 +425,21 @@ def _attempt(
             if stopping or conn.closed or conn.broken:
                 raise
             error = f"{type(exc).__name__}: {exc}".strip()
-            Q.record_failure(conn, project_id=claim.project_id, error=error)
+            failed_runs = Q.record_failure(conn, project_id=claim.project_id, error=error)
             result = ProjectResult(
-                claim.project_id, "failed", time.perf_counter() - started, error=error[:1024]
+                claim.project_id,
+                "failed",
+                time.perf_counter() - started,
+                error=error[:1024],
+                attempt_count=int(failed_runs),
             )
         record_outcome(conn, result)  # counters commit with the outcome
     return result
 
 
-def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
-    """Best effort after an interrupted attempt: with the connection gone, the attempt stays
-    counted, as for a drain that died."""
+def _give_back(conn: psycopg.Connection, claim: _Claim, fields: dict[str, Any]) -> None:
+    """Best effort after an interrupted attempt: with the connection gone, the claim stays, and
+    the next tick counts it as a failed run, as for a drain that died."""
     if conn.closed or conn.broken:
         return
     try:
@@ -409,7 +451,7 @@ def _give_back(conn: psycopg.Connection, claim: _Claim) -> None:
             log,
             "project_claim_not_released",
             level=logging.WARNING,
-            project_id=str(claim.project_id),
+            **fields,
             error=first_line(exc),
         )
 
@@ -464,9 +506,15 @@ class DrainRunSummary:
         return self.ticks[-1].poisoned if self.ticks else 0
 
 
-def seconds_until_next_due(dsn: str) -> float | None:
-    """<= 0: a row is due now; None: nothing (non-poisoned) is queued."""
-    with connection(dsn) as conn:
+def seconds_until_next_due(dsn: str, *, beat_as: str | None = None) -> float | None:
+    """<= 0: a row is due now; None: nothing (non-poisoned) is queued.
+
+    `beat_as` names a scheduler asking on its tick: its beat is recorded on the same connection,
+    so liveness costs no connection of its own (CHESSBOARD_RECALC_WORKER_DOWN).
+    """
+    with connection(dsn, autocommit=True) as conn:
+        if beat_as is not None:
+            Q.record_scheduler_beat(conn, scheduler=beat_as)
         value = Q.next_due_in_seconds(conn)
     return None if value is None else float(value)
 

@@ -32,6 +32,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 from pin_pipelines.api.app import create_app
 from pin_pipelines.api.auth import TokenVerifier
 from pin_pipelines.api.jwks import JwksCache
+from pin_pipelines.api.observe import ApiMetrics
 from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
 from pin_pipelines.devstats.dim import insert_events
@@ -100,13 +101,19 @@ def idp() -> Iterator[IdentityProvider]:
 
 
 @pytest.fixture(scope="module")
-def client(idp: IdentityProvider, clickhouse_server_url: str) -> Iterator[TestClient]:
+def api_metrics() -> ApiMetrics:
+    """The app's counters (`pin api serve` serves them on a port of its own: test_api_serve.py)."""
+    return ApiMetrics()
+
+
+@pytest.fixture(scope="module")
+def client(
+    idp: IdentityProvider, clickhouse_server_url: str, api_metrics: ApiMetrics
+) -> Iterator[TestClient]:
     verifier = TokenVerifier(JwksCache(idp.jwks_url), issuer=ISSUER, audience=AUDIENCE)
     verifier.keys.load()
-    with (
-        ClickHousePool(clickhouse_server_url) as pool,
-        TestClient(create_app(pool, verifier), raise_server_exceptions=False) as test_client,
-    ):
+    app = create_app(pool := ClickHousePool(clickhouse_server_url), verifier, api_metrics)
+    with pool, TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
 
 
@@ -461,11 +468,21 @@ def test_sql_in_every_parameter_is_refused_and_harmless(
 def test_unknown_paths_and_methods_answer_in_one_line(
     client: TestClient, idp: IdentityProvider
 ) -> None:
+    """404 and 405 for a valid token only: without one, the paths the API does not have —
+    /metrics among them, served on a port of its own — are a 401 like any read (403 without the
+    permission); /healthz and /openapi.json are the only paths open to all."""
     token = idp.token(uuid.uuid4())
     refused(get(client, "/v1/nope", token), 404)
     refused(get(client, f"{GROUPS}/", token), 404)
+    refused(get(client, "/metrics", token), 404)
     refused(client.post(LABELS, headers={"Authorization": f"Bearer {token}"}), 405)
-    refused(client.delete(GROUPS), 405)
+    for path in ("/metrics", "/v1/nope", f"{GROUPS}/", "/healthz/", "/"):
+        assert "bearer token is required" in refused(get(client, path), 401)
+    refused(get(client, "/metrics", "not-a-jwt"), 401)
+    refused(get(client, "/metrics", idp.token(uuid.uuid4(), permissions=[])), 403)
+    refused(client.delete(GROUPS), 401)
+    refused(client.post("/healthz"), 405)
+    refused(client.post("/openapi.json"), 405)
 
 
 def test_healthz_and_openapi_need_no_token(client: TestClient) -> None:
@@ -484,19 +501,21 @@ def test_healthz_and_openapi_need_no_token(client: TestClient) -> None:
 
 def test_requests_are_counted_and_logged_with_their_actor(
     client: TestClient,
+    api_metrics: ApiMetrics,
     idp: IdentityProvider,
     catalogue: Catalogue,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """/metrics (no token: the scraper's) counts every answer by status and times it by route;
-    each request's JSON log line names the token's developer and subject, or the error."""
+    """The app's ApiMetrics (the metrics listener's text: test_api_serve.py) counts every answer
+    by status and times it by route; each request's JSON log line names the token's developer
+    and subject, or the error."""
     token = idp.token(catalogue.developer, sub="user-42")
     with caplog.at_level(logging.INFO, logger="pin_pipelines.api"):
         get(client, LABELS, token, params={"ids": str(catalogue.mine_q.id)})
         get(client, LABELS, params={"ids": str(catalogue.mine_q.id)})
-    metrics = client.get("/metrics")
-    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
-    samples = metrics.text.splitlines()
+    body, content_type = api_metrics.exposition()
+    assert content_type.startswith("text/plain")
+    samples = body.decode().splitlines()
     for status in ("200", "401"):
         assert any(
             s.startswith(f'devstats_api_requests_total{{status="{status}"}}') for s in samples

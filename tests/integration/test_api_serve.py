@@ -69,7 +69,8 @@ def folder_holder(chdb_url: str) -> int:
 
 def check_the_surface(api: ApiProcess, idp: IdentityProvider, group: Group) -> None:
     """The contract's answers through the process: labels, groups, 401 with its header, 403,
-    400, a head too long (JSON too), /openapi.json and /metrics without a token."""
+    400, a head too long (JSON too), /openapi.json without a token; /metrics without a token on
+    the metrics listener's port, a 401 without one on the API's (a 404 with one)."""
     token = idp.token(group.developer_id)
     missing = uuid.uuid4()
     labels = api.get(LABELS, token, params={"ids": f"{group.id},{missing}"})
@@ -95,9 +96,15 @@ def check_the_surface(api: ApiProcess, idp: IdentityProvider, group: Group) -> N
     status, body = head_too_long(api)
     assert status == 400 and body.startswith(b'{"error": "invalid HTTP request')
     assert api.get("/openapi.json").json()["paths"].keys() >= {LABELS, GROUPS}
-    metrics = api.get("/metrics").text
-    assert 'devstats_api_requests_total{status="200"}' in metrics
-    assert 'devstats_api_requests_total{status="401"}' in metrics
+    on_the_api = api.get("/metrics")
+    assert on_the_api.status_code == 401 and on_the_api.headers["www-authenticate"] == "Bearer"
+    assert api.get("/metrics", token).status_code == 404
+    scraped = api.scrape()
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    assert 'devstats_api_requests_total{status="200"}' in scraped.text
+    assert 'devstats_api_requests_total{status="401"}' in scraped.text
+    assert 'devstats_api_requests_total{status="404"}' in scraped.text
+    assert "process_cpu_seconds_total" in scraped.text
 
 
 @pytest.mark.parametrize(
@@ -187,6 +194,11 @@ def test_the_api_answers_while_a_continuous_loader_runs(
 
             assert api.stop(stop_signal) == 0, api.stderr()[-2000:]
             assert api.log_events("api_stopped")
+            (serving,) = api.log_events("api_serving")
+            assert (serving["url"], serving["metrics_url"]) == (
+                api.url,
+                f"http://127.0.0.1:{api.metrics_port}/metrics",
+            )
             server_lines = [line["message"] for line in api.log_events("api_server_log")]
             assert server_lines == ["Invalid HTTP request received."]  # the head too long
             requests = api.log_events("api_request")
@@ -254,6 +266,7 @@ def test_bad_settings_and_unreachable_services_fail_in_one_line(
         **api_env(idp),
         "PIN_CLICKHOUSE_URL": clickhouse_server_url,
         "PIN_API_PORT": str(free_port()),
+        "PIN_API_METRICS_PORT": str(free_port()),
     }
     with socket.socket() as taken:
         if case == "no-jwks-url":

@@ -1,19 +1,29 @@
-"""`pin devstats load --once` and `pin devstats labels` as a user runs them (contract section 2).
+"""`pin devstats load --once`, `pin devstats labels` and `pin devstats backfill` as a user runs
+them (contract section 2).
 
 The commands run in subprocesses on a chdb folder of this module (never the session's in-process
 folder: chdb allows one process per folder). `load --once` consumes the contract topic with the
 loader's group, so the module first commits that group to the topic's end and asserts only on the
-groups it produced.
+groups it produced. A backfill would replay that whole shared topic with the loader's group, which
+other tests load meanwhile: its command is tested with the replay faked (the replay itself, on a
+topic of its own: test_devstats_loader.py).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
+from contextlib import redirect_stdout
+from typing import Any
 
 import pytest
 
+from pin_pipelines.cli import main
+from pin_pipelines.devstats import loader
+from pin_pipelines.devstats.loader import LoadSummary
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
+from pin_pipelines.devstats.replay import IdRange
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from tests.integration.test_devstats_dagster import commit_group, end_offsets
 from tests.support.cli import assert_one_line_error, run_pin, summary
@@ -103,3 +113,35 @@ def test_labels_reject_a_bad_argument_in_one_line(
     args: list[str], needle: str, cli_env: dict[str, str]
 ) -> None:
     assert_one_line_error(run_pin("devstats", "labels", *args, env=cli_env), needle)
+
+
+def test_backfill_hands_its_range_to_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[IdRange] = []
+
+    def replay(_settings: Any, *, ids: IdRange) -> LoadSummary:
+        asked.append(ids)
+        return LoadSummary(consumed=3, skipped_out_of_range=2)
+
+    monkeypatch.setattr(loader, "backfill", replay)
+    first, last = sorted(uuid.uuid4() for _ in range(2))
+    argvs = [["--from-id", str(first), "--to-id", str(last)], ["--to-id", str(last)], []]
+    for argv in argvs:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert main(["devstats", "backfill", *argv]) == 0
+        report = json.loads(out.getvalue().strip().splitlines()[-1])
+        assert (report["consumed"], report["skipped_out_of_range"]) == (3, 2)
+    assert asked == [IdRange(first, last), IdRange(None, last), IdRange()]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--from-id", "not-a-uuid"], "not-a-uuid"),
+        (["--to-id", str(uuid.UUID(int=1)), "--from-id", str(uuid.UUID(int=2))], "greater than"),
+    ],
+)
+def test_backfill_rejects_a_bad_range_in_one_line(args: list[str], needle: str) -> None:
+    """Before the replay: with Kafka unreachable, a replay would fail with another line."""
+    unreachable = {"PIN_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    assert_one_line_error(run_pin("devstats", "backfill", *args, env=unreachable), needle)

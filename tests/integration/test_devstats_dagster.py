@@ -441,8 +441,7 @@ def test_sensor_skips_with_the_reason_when_kafka_is_unreachable(
 # --- the backfill job -----------------------------------------------------------------------
 
 
-def backfill_run(instance: dg.DagsterInstance, confirm: bool | None) -> dg.ExecuteInProcessResult:
-    config = {} if confirm is None else {"confirm": confirm}
+def backfill_run(instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
     return dim_layout_group_backfill_job.execute_in_process(
         run_config={"ops": {"replay_layout_group_topic": {"config": config}}},
         resources=RESOURCES,
@@ -451,40 +450,52 @@ def backfill_run(instance: dg.DagsterInstance, confirm: bool | None) -> dg.Execu
     )
 
 
-def test_backfill_job_needs_confirm_and_replays_idempotently(
+def test_backfill_job_needs_confirm_and_a_good_range_and_replays_idempotently(
     private_topic: LoadOptions,
     chdb_url: str,
     kafka_bootstrap: str,
     instance: dg.DagsterInstance,
 ) -> None:
+    """Refused without confirm or with a bad range, before it moves the group; a whole replay,
+    then one from the second group's id on (half-open: the others are read, not inserted)."""
     developer = uuid.uuid4()
     history = [Group(developer_id=developer) for _ in range(3)]
-    produce_events(
-        kafka_bootstrap,
-        private_topic.topic,
-        [g.event(v) for g in history for v in (1, 2)] + [history[0].event(3, IsArchived=True)],
-    )
+    events = [g.event(v) for g in history for v in (1, 2)] + [history[0].event(3, IsArchived=True)]
+    produce_events(kafka_bootstrap, private_topic.topic, events)
     assert loader.load_once(Settings.from_env(), private_topic).inserted == 3  # the regular load
     with open_clickhouse(chdb_url) as ch:
         ch.command("OPTIMIZE TABLE pin_dev_stats.dim_layout_group FINAL")
         before = (groups(ch, developer), [physical_rows(ch, g.id) for g in history])
     offsets = committed(kafka_bootstrap, private_topic.topic, private_topic.group)
 
-    for confirm in (None, False):
-        refused = backfill_run(instance, confirm)
+    low, high = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({}, "confirm: true"),
+        ({"confirm": False}, "confirm: true"),
+        ({"confirm": True, "to_id": "Студии"}, "to_id is not a UUID: 'Студии'"),
+        ({"confirm": True, "from_id": high, "to_id": low}, f"from-id {high} is greater than"),
+    ]
+    for config, why in refusals:
+        refused = backfill_run(instance, **config)
         assert not refused.success
         [failure] = [e for e in refused.all_events if e.is_step_failure]
-        assert "confirm: true" in str(failure.step_failure_data.error)
+        assert why in str(failure.step_failure_data.error)
         assert committed(kafka_bootstrap, private_topic.topic, private_topic.group) == offsets
 
-    for _ in range(2):
-        replay = backfill_run(instance, True)
+    start = sorted(g.id for g in history)[1]
+    outside = sum(uuid.UUID(e["Id"]) < start for e in events)
+    for ids, out_of_range in [({}, 0), ({"from_id": str(start)}, outside)]:
+        replay = backfill_run(instance, confirm=True, **ids)
         assert replay.success
         [materialization] = replay.asset_materializations_for_node("replay_layout_group_topic")
         assert materialization.asset_key == dim_layout_group.key
         metadata = metadata_of(materialization)
         assert metadata.keys() >= METADATA_KEYS
-        assert (metadata["consumed"], metadata["inserted"], metadata["skipped_stale"]) == (7, 0, 7)
+        assert (metadata["consumed"], metadata["inserted"]) == (7, 0)
+        assert (metadata["skipped_stale"], metadata["skipped_out_of_range"]) == (
+            7 - out_of_range,
+            out_of_range,
+        )
         with open_clickhouse(chdb_url) as ch:
             ch.command("OPTIMIZE TABLE pin_dev_stats.dim_layout_group FINAL")
             assert (groups(ch, developer), [physical_rows(ch, g.id) for g in history]) == before
@@ -503,7 +514,7 @@ def test_backfill_job_bounded_by_time_warns_that_the_replay_continues(
     monkeypatch.setattr(
         devstats_jobs, "backfill", functools.partial(loader.backfill, options=bounded)
     )
-    result = backfill_run(instance, True)
+    result = backfill_run(instance, confirm=True)
     assert result.success
     [materialization] = result.asset_materializations_for_node("replay_layout_group_topic")
     assert metadata_of(materialization)["complete"] is False

@@ -27,6 +27,7 @@ from pin_pipelines.devstats.dim import groups, insert_events, labels
 from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
 from pin_pipelines.devstats.offsets import commit_offsets, no_longer_a_member
+from pin_pipelines.devstats.replay import IdRange
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from tests.integration.clickhouse_fixtures import (
     ENGINES,
@@ -35,7 +36,7 @@ from tests.integration.clickhouse_fixtures import (
     server_url,
     settings_for,
 )
-from tests.integration.test_devstats_dagster import end_offsets
+from tests.integration.test_devstats_dagster import commit_group, end_offsets
 from tests.support.answer_cutter import AnswerCutter
 from tests.support.devstats import (
     Group,
@@ -498,6 +499,40 @@ def test_backfill_is_idempotent(
     assert groups(clickhouse, developer) == before
     assert [physical_rows(clickhouse, g.id) for g in history] == stored
     assert backfill(loader_settings, loader_options).inserted == 0
+
+
+def test_a_ranged_backfill_inserts_only_the_groups_in_its_range(
+    chdb_url: str, loader_options: LoadOptions, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Tried: the loader's group past the events of five groups that the dimension lacks (a lost
+    shard, a new replica: what a backfill is for) but one of the range, stored at its newest
+    version; a bad message; then a sixth group, outside the range, that the group had not
+    reached. The backfill of the second to the fourth id inserts the range's missing groups,
+    skips the stored one (the version guard), reads the others without inserting or
+    dead-lettering them, and loads the unreached event as the regular load would. On the embedded
+    engine only: the range is decided before the insert, the same on every engine."""
+    developer, base = uuid.uuid4(), uuid.uuid4().int >> 8
+    below, first, stored, last, above, unreached = (
+        Group(developer_id=developer, id=uuid.UUID(int=base + n)) for n in range(6)
+    )
+    passed = [g.event(1) for g in (below, first, stored, last, above)] + [stored.event(2)]
+    produce_events(kafka_bootstrap, loader_options.topic, passed)
+    produce(kafka_bootstrap, loader_options.topic, [(b"bad", b"not json")])
+    topic, group = loader_options.topic, loader_options.group
+    commit_group(kafka_bootstrap, topic, group, end_offsets(kafka_bootstrap, topic))
+    with open_clickhouse(chdb_url) as ch:
+        insert_events(ch, [parse_event(json.dumps(stored.event(2)).encode())])
+    produce_events(kafka_bootstrap, topic, [unreached.event(1)])
+
+    settings = settings_for(chdb_url, kafka_bootstrap, tmp_path)
+    summary = backfill(settings, loader_options, IdRange(first.id, last.id))
+    assert summary.complete
+    assert (summary.consumed, summary.inserted, summary.skipped_stale) == (8, 3, 2)
+    assert (summary.skipped_out_of_range, summary.dead_lettered) == (2, 1)
+    with open_clickhouse(chdb_url) as ch:
+        loaded = {row.layout_group_id for row in groups(ch, developer)}
+        assert loaded == {first.id, stored.id, last.id, unreached.id}
+        assert physical_rows(ch, stored.id) == [(2, "Студии v2")]
 
 
 def test_a_group_committed_past_the_end_replays_instead_of_stalling(

@@ -35,6 +35,7 @@ def metrics_db(db: psycopg.Connection) -> psycopg.Connection:
     """The shared `db` fixture empties the chessboard tables; these are the exporter's own."""
     db.execute(
         "TRUNCATE chessboard.metric_counters, chessboard.recalc_worker_ticks,"
+        " chessboard.recalc_scheduler_beats,"
         " chessboard.outbox_topic_stats"
     )
     return db

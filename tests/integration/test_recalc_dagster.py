@@ -94,13 +94,21 @@ def _metadata(event) -> dict:
 
 def test_sensor_skips_an_empty_queue_and_a_poison_only_queue(db, instance):
     """The sensor on an empty queue, then on a queue holding only a poisoned row: SkipReason
-    both times (poison is left for triage and must not launch runs every 5 s)."""
+    both times (poison is left for triage and must not launch runs every 5 s). Each evaluation
+    still beats: the scheduler's liveness shows whatever the queue holds (issue 26)."""
+    db.execute("DELETE FROM chessboard.recalc_scheduler_beats")
     assert isinstance(_evaluate(instance), dg.SkipReason)
+    beat = db.execute(
+        "SELECT scheduler, beats, now() - last_beat_at < interval '5 seconds'"
+        " FROM chessboard.recalc_scheduler_beats"
+    ).fetchall()
+    assert beat == [("recalc_queue_sensor", 1, True)]
     project = _populated_project(db)
     _poison(db, project, "bad")
     result = _evaluate(instance)
     assert isinstance(result, dg.SkipReason)
     assert "empty" in (result.skip_message or "")
+    assert db.execute("SELECT beats FROM chessboard.recalc_scheduler_beats").fetchall() == [(2,)]
 
 
 def test_sensor_requests_a_run_for_a_due_row(db, instance):

@@ -9,7 +9,12 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -17,7 +22,7 @@ import pytest
 
 from pin_pipelines.db import queries
 from pin_pipelines.recalc import drain as drain_module
-from pin_pipelines.recalc.drain import drain_tick
+from pin_pipelines.recalc.drain import TickSummary, drain_tick, drain_until_idle
 from pin_pipelines.recalc.enqueue import force_recalc, requeue_poisoned
 from tests.support.chessboard import (
     make_all_due,
@@ -44,6 +49,34 @@ ISO_MS_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 PROJECT_TOPIC = "pin.chessboard.project-upserted.v1"
 LAYOUT_TOPIC = "pin.chessboard.layout-upserted.v1"
 GROUP_TOPIC = "pin.chessboard.layout-group-upserted.v1"
+#: log_event's `ts`: UTC, milliseconds.
+LOG_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}\+00:00$")
+#: The keys every per-project line of a tick starts with (spec 000, Logs: ProjectId; the claim's
+#: TenantId and LastReason).
+PROJECT_LINE_KEYS = {"ts", "event", "correlation_id", "project_id", "tenant_id", "last_reason"}
+#: Per outcome of a claimed project: its line's event, level and the keys it adds. Written out
+#: here, not read from drain.py, so that a line renamed, re-levelled or losing a field fails.
+OUTCOME_LINES: dict[str, tuple[str, int, set[str]]] = {
+    "recalculated": (
+        "project_recalculated",
+        logging.INFO,
+        {"duration_seconds", "republished", "waited_seconds"},
+    ),
+    "skipped_archived": ("project_skipped_archived", logging.INFO, set()),
+    "failed": ("project_recalc_failed", logging.WARNING, {"attempt_count", "error"}),
+    "deferred": ("project_recalc_deferred", logging.INFO, {"reason"}),
+}
+#: The summary counts recalc_batch_finished carries (with its own duration_seconds).
+FINISHED_COUNTS = (
+    "processed",
+    "failed",
+    "skipped_archived",
+    "deferred",
+    "interrupted",
+    "poisoned",
+    "republished",
+    "stopped_early",
+)
 
 
 def _row(conn: psycopg.Connection, table: str, row_id: UUID) -> dict:
@@ -73,11 +106,130 @@ def _populated_project(conn: psycopg.Connection) -> dict[str, UUID]:
     return {"project": project, "building": building, "group": group, "layout": layout}
 
 
-def test_empty_batch_is_a_noop_success(db, pg_dsn):
+@dataclass(frozen=True)
+class _Queue:
+    """The queue rows before a tick, the database's clock then and this process's."""
+
+    at: datetime
+    taken: float  # time.monotonic()
+    rows: dict[UUID, dict[str, Any]]
+
+
+def _queue(conn: psycopg.Connection) -> _Queue:
+    taken = time.monotonic()  # before the database's clock: no later than it
+    at = conn.execute("SELECT now()").fetchone()[0]
+    return _Queue(at, taken, queued_projects(conn))
+
+
+@contextmanager
+def _drain_log(caplog: pytest.LogCaptureFixture) -> Iterator[list[tuple[int, dict]]]:
+    """Every pin_pipelines line logged in the block, as (level, JSON object), DEBUG included: the
+    list is filled when the block ends."""
+    lines: list[tuple[int, dict]] = []
+    start = len(caplog.records)
+    with caplog.at_level(logging.DEBUG, logger="pin_pipelines.recalc"):
+        yield lines
+    lines.extend(
+        (r.levelno, json.loads(r.getMessage()))
+        for r in caplog.records[start:]
+        if r.name == "pin_pipelines" or r.name.startswith("pin_pipelines.")
+    )
+
+
+def _tick_lines(
+    lines: list[tuple[int, dict]],
+    tick: TickSummary,
+    queue: _Queue,
+    *,
+    due: int,
+    batch_size: int = 50,
+) -> list[tuple[int, dict]]:
+    """Asserts that `lines` start with exactly the lines of `tick`, whole (every key of every
+    line, and its level), and returns the lines after them. `queue` is the queue before the tick:
+    the claimed rows' tenant, reason, attempts and wait; `due` the rows due at its start."""
+    n = 2 + len(tick.results) + (1 if tick.poisoned else 0)
+    mine, rest = lines[:n], lines[n:]
+    assert [line["event"] for _, line in mine] == [
+        "recalc_batch_started",
+        *(OUTCOME_LINES[r.outcome][0] for r in tick.results),
+        "recalc_batch_finished",
+        *(["CHESSBOARD_RECALC_POISON"] if tick.poisoned else []),
+    ]
+    for _, line in mine:
+        assert line["correlation_id"] == tick.correlation_id, line
+    stamps = [line["ts"] for _, line in mine]
+    assert all(LOG_TS.match(ts) for ts in stamps), stamps
+    assert stamps == sorted(stamps)
+
+    (started_level, started), *projects, (finished_level, finished) = mine[: 2 + len(tick.results)]
+    assert tick.due_at_start == due
+    assert started == {
+        "ts": started["ts"],
+        "event": "recalc_batch_started",
+        "correlation_id": tick.correlation_id,
+        "size": min(due, batch_size),
+        "due": due,
+    }
+    assert started_level == (logging.INFO if due else logging.DEBUG)
+
+    finished_seconds = finished["duration_seconds"]
+    for (level, line), result in zip(projects, tick.results, strict=True):
+        _, expected_level, added = OUTCOME_LINES[result.outcome]
+        row = queue.rows[result.project_id]
+        assert level == expected_level, line
+        assert line.keys() == PROJECT_LINE_KEYS | added, line
+        assert (line["project_id"], line["tenant_id"], line["last_reason"]) == (
+            str(result.project_id),
+            str(row["tenant_id"]),
+            row["last_reason"],
+        )
+        if result.outcome == "recalculated":
+            assert line["duration_seconds"] == round(result.duration_seconds, 4)
+            assert 0 < line["duration_seconds"] <= finished_seconds
+            assert line["republished"] == result.republished
+            assert set(line["republished"]) == {"layout", "layout_group", "project"}
+            # From first_requested_at to the claim, which came after the snapshot (0.1 s).
+            waited = (queue.at - row["first_requested_at"]).total_seconds()
+            since = time.monotonic() - queue.taken
+            assert waited - 0.05 <= line["waited_seconds"] <= waited + since + 0.05, line
+        elif result.outcome == "failed":
+            assert line["attempt_count"] == row["attempt_count"] + 1
+            assert line["error"] == result.error
+        elif result.outcome == "deferred":
+            assert line["reason"] == "row lock held elsewhere"
+
+    summary = tick.as_dict()
+    assert finished == {
+        "ts": finished["ts"],
+        "event": "recalc_batch_finished",
+        "correlation_id": tick.correlation_id,
+        **{k: summary[k] for k in FINISHED_COUNTS},
+        "duration_seconds": finished_seconds,
+    }
+    assert sum(r.duration_seconds for r in tick.results) <= finished_seconds + 1e-3
+    assert 0 < finished_seconds < 30  # spec 000: a tick takes < 30 s
+    assert finished_level == (logging.INFO if tick.results else started_level)
+    if tick.poisoned:
+        level, poison = mine[-1]
+        assert level == logging.ERROR
+        assert poison == {
+            "ts": poison["ts"],
+            "event": "CHESSBOARD_RECALC_POISON",
+            "correlation_id": tick.correlation_id,
+            "poisoned": tick.poisoned,
+        }
+    return rest
+
+
+def test_empty_batch_is_a_noop_success(db, pg_dsn, caplog):
     """A tick over an empty queue, then over a queue whose only row is due in 30 s (in process
     and as `pin recalc drain --once`): nothing processed, nothing failed, the row untouched,
-    exit code 0 with the JSON summary on the last stdout line."""
-    summary = drain_tick(pg_dsn).as_dict()
+    exit code 0 with the JSON summary on the last stdout line. Each in-process tick logs just
+    recalc_batch_started (size 0, due 0) and recalc_batch_finished, both at DEBUG."""
+    with _drain_log(caplog) as lines:
+        empty = drain_tick(pg_dsn)
+    assert _tick_lines(lines, empty, _queue(db), due=0) == []
+    summary = empty.as_dict()
     assert {k: summary[k] for k in ("processed", "failed", "skipped_archived", "poisoned")} == {
         "processed": 0,
         "failed": 0,
@@ -87,7 +239,10 @@ def test_empty_batch_is_a_noop_success(db, pg_dsn):
     project = make_project(db)
     make_building(db, project)  # queued by the raiser, due after the default 30 s debounce
     before = queue_row(db, project)
-    assert drain_tick(pg_dsn).results == []
+    with _drain_log(caplog) as lines:
+        not_due = drain_tick(pg_dsn)
+    assert not_due.results == []
+    assert _tick_lines(lines, not_due, _queue(db), due=0) == []
 
     proc = start_pin(pg_dsn, "recalc", "drain", "--once")
     stdout, stderr = proc.communicate(timeout=60)
@@ -305,11 +460,14 @@ def test_layout_counts_and_group_bounds_are_recomputed_with_events(db, pg_dsn):
     assert _row(db, "layouts", l30)["version"] == 2  # still 2 active objects: unchanged
 
 
-def test_partial_failure_rolls_back_only_that_project(db, pg_dsn):
+def test_partial_failure_rolls_back_only_that_project(db, pg_dsn, caplog):
     """Three due projects; the first one's recalc raises for real (a test-only trigger with a
     3000-character message): its whole transaction is rolled back (no building, layout, group
     or project change, no event), its row stays with due_at unchanged, attempt_count 1 and
-    last_error truncated to 1024 characters; the other two are recalculated in the same tick."""
+    last_error truncated to 1024 characters; the other two are recalculated in the same tick.
+    Its log: project_recalc_failed at WARNING (attempt_count 1, the stored error), then a
+    project_recalculated line per other project, between the batch's started (size 3) and
+    finished (processed 2, failed 1) lines."""
     failing = _populated_project(db)
     others = [_populated_project(db) for _ in range(2)]
     make_all_due(db)
@@ -320,10 +478,16 @@ def test_partial_failure_rolls_back_only_that_project(db, pg_dsn):
     )  # first in due_at order
     due_before = queue_row(db, failing["project"])["due_at"]
     before = versions(db)
+    queue = _queue(db)
 
-    with failing_recalc(db, failing["project"], "boom " + "x" * 3000):
+    with failing_recalc(db, failing["project"], "boom " + "x" * 3000), _drain_log(caplog) as lines:
         tick = drain_tick(pg_dsn)
     assert (tick.processed, tick.count("failed")) == (2, 1)
+    assert _tick_lines(lines, tick, queue, due=3) == []
+    failed_line = lines[1][1]
+    assert failed_line["attempt_count"] == 1
+    assert failed_line["error"] == queue_row(db, failing["project"])["last_error"]
+    assert failed_line["error"].startswith("RaiseException: boom xxx")
     assert tick.results[0].project_id == failing["project"]
     assert tick.results[0].outcome == "failed"
 
@@ -349,7 +513,7 @@ def test_partial_failure_rolls_back_only_that_project(db, pg_dsn):
         assert outbox(db, other["project"])
 
 
-def test_failed_row_is_retried_not_before_retry_interval(db, pg_dsn):
+def test_failed_row_is_retried_not_before_retry_interval(db, pg_dsn, caplog):
     """retry_interval 1 s, a project whose recalc fails: an immediate second tick leaves the
     row alone (attempt_count stays 1); a tick after 1 s retries it (attempt 2); once the
     cause is gone the next retry recalculates it and deletes the row."""
@@ -357,8 +521,11 @@ def test_failed_row_is_retried_not_before_retry_interval(db, pg_dsn):
     tree = _populated_project(db)
     with failing_recalc(db, tree["project"], "transient"):
         assert drain_due(pg_dsn, db).count("failed") == 1
-        tick = drain_tick(pg_dsn)
+        with _drain_log(caplog) as lines:
+            tick = drain_tick(pg_dsn)
         assert tick.results == []
+        # Due but waiting for its retry: counted in due and size, and logged at INFO.
+        assert _tick_lines(lines, tick, _queue(db), due=1) == []
         assert queue_row(db, tree["project"])["attempt_count"] == 1
         time.sleep(1.05)
         assert drain_tick(pg_dsn).count("failed") == 1
@@ -370,22 +537,27 @@ def test_failed_row_is_retried_not_before_retry_interval(db, pg_dsn):
     assert drift(db) == {}
 
 
-def test_project_locked_by_an_api_edit_is_deferred_once_per_tick(db, pg_dsn, monkeypatch):
+def test_project_locked_by_an_api_edit_is_deferred_once_per_tick(db, pg_dsn, monkeypatch, caplog):
     """An HTTP-like edit holds the project row lock (lock_timeout lowered to 200 ms): the tick
     defers that project once (no attempt counted, row kept), goes on with the next project, and
-    does not spin on the locked one for the rest of its batch; the next tick recalculates it."""
+    does not spin on the locked one for the rest of its batch; the next tick recalculates it.
+    The deferral is logged as project_recalc_deferred (its reason), the tick's finished line
+    counts it (deferred 1)."""
     # A fifth of deadlock_timeout: 200 ms with the default of 1 s.
     monkeypatch.setattr(drain_module, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 0.2)
     locked = _populated_project(db)
     other = _populated_project(db)
     make_all_due(db)
-    with psycopg.connect(pg_dsn) as api, api.transaction():
+    queue = _queue(db)
+    with psycopg.connect(pg_dsn) as api, api.transaction(), _drain_log(caplog) as lines:
         api.execute(
             "SELECT 1 FROM chessboard.projects WHERE id = %s FOR UPDATE", (locked["project"],)
         )
         started = time.monotonic()
         tick = drain_tick(pg_dsn)
         elapsed = time.monotonic() - started
+    assert _tick_lines(lines, tick, queue, due=2) == []
+    assert lines[-1][1]["deferred"] == 1
     outcomes = {r.project_id: r.outcome for r in tick.results}
     assert outcomes == {locked["project"]: "deferred", other["project"]: "recalculated"}
     assert len(tick.results) == 2
@@ -396,18 +568,27 @@ def test_project_locked_by_an_api_edit_is_deferred_once_per_tick(db, pg_dsn, mon
     assert drift(db) == {}
 
 
-def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn):
+def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn, caplog):
     """retry_interval 0 and a project failing every time: after 5 failed ticks the row is
     poison: further ticks do not claim it (attempt_count stays 5) while another due project
     is still processed, the tick and `pin recalc drain --once` report poisoned 1;
-    requeue_poisoned resets attempt_count/last_error, makes it due now, and it then drains."""
+    requeue_poisoned resets attempt_count/last_error, makes it due now, and it then drains.
+    Each failure logs its attempt_count (1 to 5); the fifth tick adds CHESSBOARD_RECALC_POISON
+    (poisoned 1) at ERROR."""
     set_settings(db, retry_interval="0 seconds")
     tree = _populated_project(db)
     make_all_due(db)
     with failing_recalc(db, tree["project"], "bad data"):
         for attempt in range(1, 6):
-            tick = drain_tick(pg_dsn)
+            queue = _queue(db)
+            with _drain_log(caplog) as lines:
+                tick = drain_tick(pg_dsn)
             assert tick.count("failed") == 1
+            assert _tick_lines(lines, tick, queue, due=1) == []
+            assert lines[1][1]["attempt_count"] == attempt
+            assert [line["event"] for _, line in lines][-1] == (
+                "CHESSBOARD_RECALC_POISON" if attempt == 5 else "recalc_batch_finished"
+            )
             assert queue_row(db, tree["project"])["attempt_count"] == attempt
         assert tick.poisoned == 1
 
@@ -439,10 +620,11 @@ def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn):
 
 
 @pytest.mark.parametrize("state", ["archived", "soft-deleted", "hard-deleted"])
-def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, state):
+def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, state, caplog):
     """A queued project that is Archived, soft-deleted or gone altogether: the tick deletes its
     row and counts it in skipped_archived, writes no event and leaves the aggregates as they
-    were (0 counters, version 1), while a live project in the same tick is recalculated."""
+    were (0 counters, version 1), while a live project in the same tick is recalculated. The
+    skipped project's line is project_skipped_archived with the claim's fields only."""
     tree = _populated_project(db)
     live = _populated_project(db)
     if state == "archived":
@@ -461,8 +643,13 @@ def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, s
         )
     assert tree["project"] in queued_projects(db)
     before = versions(db)
+    make_all_due(db)
+    queue = _queue(db)
 
-    tick = drain_due(pg_dsn, db)
+    with _drain_log(caplog) as lines:
+        tick = drain_tick(pg_dsn)
+    assert _tick_lines(lines, tick, queue, due=2) == []
+    assert "project_skipped_archived" in [line["event"] for _, line in lines]
     summary = tick.as_dict()
     assert (summary["skipped_archived"], summary["processed"], summary["failed"]) == (1, 1, 0)
     assert queued_projects(db) == {}
@@ -528,9 +715,10 @@ def test_request_arriving_during_a_recalc_is_not_lost(db, pg_dsn):
     assert row["last_reason"] == "TalentSync"
 
 
-def test_tick_takes_due_rows_oldest_first_up_to_the_batch_size(db, pg_dsn):
+def test_tick_takes_due_rows_oldest_first_up_to_the_batch_size(db, pg_dsn, caplog):
     """Four due projects with distinct due_at and batch_size 3 in recalc_settings: one tick
-    processes the three oldest in due_at order and leaves the newest queued."""
+    processes the three oldest in due_at order and leaves the newest queued; its
+    recalc_batch_started says size 3 (the batch size), due 4."""
     set_settings(db, batch_size=3)
     projects = [make_project(db) for _ in range(4)]
     for p in projects:
@@ -544,7 +732,11 @@ def test_tick_takes_due_rows_oldest_first_up_to_the_batch_size(db, pg_dsn):
             " now(), 'Crud')",
             (p, tenant, age),
         )
-    tick = drain_tick(pg_dsn)
+    queue = _queue(db)
+    with _drain_log(caplog) as lines:
+        tick = drain_tick(pg_dsn)
+    assert _tick_lines(lines, tick, queue, due=4, batch_size=3) == []
+    assert lines[0][1]["size"] == 3
     assert [r.project_id for r in tick.results] == projects[:3]
     assert set(queued_projects(db)) == {projects[3]}
 
@@ -563,22 +755,47 @@ def test_recalculated_values_equal_the_source_truth(db, pg_dsn):
 
 
 def test_every_log_line_of_a_tick_carries_its_correlation_id(db, pg_dsn, caplog):
-    """Structured logs: the tick's lines (started, per project with ProjectId/TenantId/LastReason,
-    finished with counts) are JSON objects sharing the correlation id the caller passed."""
+    """Structured logs: every line of a tick (started, per project with ProjectId/TenantId/
+    LastReason, finished with counts) is a JSON object carrying the tick's correlation id, the
+    one its TickSummary reports: the caller's, a fresh one per tick without it, and tick n of
+    drain_until_idle with a prefix carries `<prefix>.<n>`. project_recalculated has the spec's
+    duration and republished counts (a project event, no layout or group) and the row's wait."""
     project = make_project(db)
     building = make_building(db, project)
     make_object(db, project, building, None)
     make_all_due(db)
-    with caplog.at_level(logging.INFO, logger="pin_pipelines.recalc"):
-        drain_tick(pg_dsn, correlation_id="run-42.1")
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "pin_pipelines.recalc"]
-    assert [line["event"] for line in lines] == [
-        "recalc_batch_started",
-        "project_recalculated",
-        "recalc_batch_finished",
-    ]
-    assert {line["correlation_id"] for line in lines} == {"run-42.1"}
-    per_project = lines[1]
+    db.execute(
+        "UPDATE chessboard.project_recalc_requests SET first_requested_at = now() - interval"
+        " '90 seconds'"
+    )
+    queue = _queue(db)
+    with _drain_log(caplog) as lines:
+        tick = drain_tick(pg_dsn, correlation_id="run-42.1")
+    assert tick.correlation_id == "run-42.1"
+    assert _tick_lines(lines, tick, queue, due=1) == []
+    per_project = lines[1][1]
     assert per_project["project_id"] == str(project)
-    assert {"tenant_id", "last_reason", "duration_seconds"} <= per_project.keys()
-    assert lines[2]["processed"] == 1
+    assert per_project["tenant_id"] == str(_row(db, "projects", project)["tenant_id"])
+    assert per_project["last_reason"] == queue.rows[project]["last_reason"]
+    assert per_project["republished"] == {"layout": 0, "layout_group": 0, "project": 1}
+    assert 90 <= per_project["waited_seconds"] < 95
+    assert lines[-1][1]["processed"] == 1
+
+    # Without an id: a fresh one per tick, on every line of that tick.
+    with _drain_log(caplog) as lines:
+        fresh = [drain_tick(pg_dsn), drain_tick(pg_dsn)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", t.correlation_id) for t in fresh)
+    assert fresh[0].correlation_id != fresh[1].correlation_id
+    rest = _tick_lines(lines, fresh[0], _queue(db), due=0)
+    assert _tick_lines(rest, fresh[1], _queue(db), due=0) == []
+
+    # A run of ticks with a prefix: tick 1 recalculates, tick 2 finds nothing and ends the run.
+    make_object(db, project, building, None)
+    make_all_due(db)
+    queue = _queue(db)
+    with _drain_log(caplog) as lines:
+        run = drain_until_idle(pg_dsn, budget_seconds=10, correlation_prefix="run-43")
+    assert [t.correlation_id for t in run.ticks] == ["run-43.1", "run-43.2"]
+    assert [t.processed for t in run.ticks] == [1, 0]
+    rest = _tick_lines(lines, run.ticks[0], queue, due=1)
+    assert _tick_lines(rest, run.ticks[1], _queue(db), due=0) == []

@@ -13,10 +13,11 @@ import psycopg
 import pytest
 
 from pin_pipelines.recalc import drain
-from pin_pipelines.recalc.drain import STOP_GRACE_SECONDS, drain_tick
+from pin_pipelines.recalc.drain import STOP_GRACE_SECONDS, TICK_BUDGET_SECONDS, drain_tick
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.recalc import (
+    drain_until_empty,
     failing_recalc,
     last_json_line,
     queue_row,
@@ -109,12 +110,14 @@ def test_a_failed_project_under_continuous_edits_is_retried_within_the_cap(db, p
     assert due_ticks == [["failed"], ["recalculated"]]
 
 
-def test_a_project_that_kills_its_drain_is_poisoned_after_five_claims(db, pg_dsn):
+def test_a_project_that_kills_its_drain_is_poisoned_after_five_abandoned_attempts(db, pg_dsn):
     """Tried: five `pin recalc drain --once` processes, each SIGKILLed while it is inside the
     project's recalc (a test trigger holds it there), as an OOM kill would. No drain lives to
-    record a failure, yet each claim counted: attempt_count goes 1..5, last_error says the drain
-    died inside the attempt, and the row is then poison: a sixth drain does not claim it and
-    reports it poisoned. Requeue makes it drain normally."""
+    record a failure: its attempt stays claimed (claimed_at), shown apart from attempt_count,
+    which is failed runs (spec 000). The next drain's tick counts the abandoned attempt as the
+    failed run it was (last_error: the drain died inside it) before it claims the row, so
+    attempt_count goes 0..4 during the five attempts, and the sixth drain counts the fifth,
+    finds the row poison and does not claim it. Requeue makes it drain normally."""
     set_settings(db, retry_interval="0 seconds")
     project, _ = _project_with_object(db)
     db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
@@ -127,7 +130,10 @@ def test_a_project_that_kills_its_drain_is_poisoned_after_five_claims(db, pg_dsn
                     timeout=20,
                     what="the drain inside the project",
                 )
-                assert queue_row(db, project)["attempt_count"] == attempt  # counted up front
+                row = queue_row(db, project)
+                assert row["attempt_count"] == attempt - 1 and row["claimed_at"], row
+                if attempt > 1:  # this drain's tick counted the claim of the one it follows
+                    assert "the drain died inside it" in row["last_error"], row
             finally:
                 drain.kill()
                 drain.communicate(timeout=10)
@@ -137,8 +143,7 @@ def test_a_project_that_kills_its_drain_is_poisoned_after_five_claims(db, pg_dsn
                 lambda: _row_unlocked(db, project), timeout=15, what="the killed drain's rollback"
             )
             row = queue_row(db, project)
-            assert row["attempt_count"] == attempt
-            assert "the drain died inside it" in row["last_error"]
+            assert row["attempt_count"] == attempt - 1 and row["claimed_at"], row
 
         sixth = start_pin(pg_dsn, "recalc", "drain", "--once")
         stdout, stderr = sixth.communicate(timeout=60)
@@ -159,7 +164,8 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     30 s test trigger); `pin recalc drain --once` is inside it when it gets SIGTERM. The drain
     gives the project STOP_GRACE_SECONDS to finish, then cancels it: the project rolls back
     whole, the drain exits 0 reporting it interrupted, and the attempt is given back
-    (attempt_count 4 again, last_error and the retry clock as before), so a deploy never
+    (attempt_count still 4, no attempt in progress, last_error and the retry clock as before,
+    before issue 26 the claim had counted it and the give-back took it back), so a deploy never
     poisons a project. Without the hang the next drain recalculates it."""
     set_settings(db, retry_interval="0 seconds")
     project, _ = _project_with_object(db)
@@ -176,7 +182,9 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
             wait_until(
                 lambda: sleeping_backends(db) == 1, timeout=20, what="the drain inside the project"
             )
-            assert queue_row(db, project)["attempt_count"] == 5  # the claim counted it
+            row = queue_row(db, project)
+            # In progress, shown apart: attempt_count is failed runs (spec), still 4.
+            assert row["attempt_count"] == 4 and row["claimed_at"] is not None, row
             drain.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             stdout, stderr = drain.communicate(timeout=STOP_GRACE_SECONDS + 10)
@@ -191,10 +199,11 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     assert summary["interrupted"] == 1 and summary["stopped_early"] is True
     assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 0)
     row = queue_row(db, project)
-    assert (row["attempt_count"], row["last_error"], row["attempted_at"]) == (
+    assert (row["attempt_count"], row["last_error"], row["attempted_at"], row["claimed_at"]) == (
         4,
         "earlier failure",
         before["attempted_at"],
+        None,
     )
     assert sleeping_backends(db) == 0  # the hung statement was cancelled, not left running
 
@@ -245,3 +254,29 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
     row = queue_row(db, first)
     assert row is not None and row["attempt_count"] == 0, row
     assert queue_row(db, second) is None
+
+
+def test_a_tick_of_stuck_projects_ends_within_its_budget_and_counts_no_attempt(
+    db: psycopg.Connection, pg_dsn: str
+) -> None:
+    """Spec 000: a tick takes < 30 s. Tried: three due projects whose recalc each sleeps 6 s (a
+    stuck aggregate statement, under the 10 s statement timeout), one tick with a 4 s budget.
+    The tick stops claiming at 2 s (the budget less its grace) and cancels the project in hand
+    at 4 s: it ends within the budget, that project rolled back whole with its attempt given
+    back, the other two still queued and never claimed. The default budget is the spec's 30 s.
+    Before, the tick ran its whole batch: 18 s here, and 50 × 10 s at the statement timeout."""
+    assert TICK_BUDGET_SECONDS == 30.0
+    projects = [_project_with_object(db)[0] for _ in range(3)]
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+    with slow_recalc(db, 6.0):
+        started = time.monotonic()
+        tick = drain_tick(pg_dsn, budget_seconds=4.0)
+        took = time.monotonic() - started
+    assert took < 4.0 + 1.0, f"the tick took {took:.1f}s with a 4 s budget"
+    assert [r.outcome for r in tick.results] == ["interrupted"], tick.as_dict()
+    assert tick.stopped_early
+    for project in projects:
+        row = queue_row(db, project)
+        assert row is not None and row["attempt_count"] == 0 and row["attempted_at"] is None, row
+    drain_until_empty(db, pg_dsn)  # nothing of the cancelled attempt was left half-written
+    assert not drift(db)

@@ -91,11 +91,14 @@ PASSING = {
 
 #: variant -> (its defines, the compile flags, pan's flags, text pan reports for the violation)
 BROKEN = {
+    # Without the re-lock the claimed row is unlocked during the work: another drain's tick
+    # settles the live claim as abandoned and claims the row again, so the attempt is counted
+    # twice (4), on the way to both drains in the work at once (2, found further on).
     "no_relock_two_drains": (
         ("-DBUG_NO_RELOCK",),
         SAFETY,
         (),
-        "assertion violated (in_work<=1)",
+        "assertion violated ( !(row)||(((attempts+abandoned)==(failures+settled))&&(attempts<=5)))",
     ),
     "no_relock_request_lost": (
         ("-DBUG_NO_RELOCK", "-DND=1"),
@@ -114,7 +117,7 @@ BROKEN = {
         ("-DBUG_RELEASE_UNGUARDED",),
         SAFETY,
         (),
-        "assertion violated ( !(row)||((attempts==(failures+live))&&(attempts<=5)))",
+        "assertion violated ( !(row)||(((attempts+abandoned)==(failures+settled))&&(attempts<=5)))",
     ),
     "lease_no_expiry_final_state": (
         ("-DBUG_LEASE_NO_EXPIRY",),

@@ -1,5 +1,6 @@
 """`pin api serve` as a real process for the read API's end-to-end tests and its bench: started
-with a free port, waited for on /healthz, asked over HTTP, stopped by a signal. Its stderr (the
+with a free port (and a free one for its /metrics listener), waited for on /healthz, asked over
+HTTP, stopped by a signal. Its stderr (the
 JSON request log) goes to a file, never a pipe that could fill up and block it.
 """
 
@@ -25,12 +26,18 @@ class ApiProcess:
     def __init__(self, env: dict[str, str], logs: Path, *, deaf: bool = False) -> None:
         """`deaf`: started with SIGTERM and SIGINT ignored, as a supervisor may leave them."""
         self.port = free_port()
+        self.metrics_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.err = logs / f"api-{self.port}.err"
         with self.err.open("w") as err:
             self.process = subprocess.Popen(
                 [PIN, "api", "serve"],
-                env={**os.environ, **env, "PIN_API_PORT": str(self.port)},
+                env={
+                    **os.environ,
+                    **env,
+                    "PIN_API_PORT": str(self.port),
+                    "PIN_API_METRICS_PORT": str(self.metrics_port),
+                },
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 preexec_fn=_ignore_stop_signals if deaf else None,
@@ -55,6 +62,10 @@ class ApiProcess:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         return self.http.get(path, headers=headers, **kwargs)
+
+    def scrape(self) -> httpx.Response:
+        """The metrics listener's /metrics (PIN_API_METRICS_PORT, no token)."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Send `signum`; the exit status once it has exited."""

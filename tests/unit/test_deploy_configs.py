@@ -534,11 +534,12 @@ def test_the_api_manifests_are_kubernetes_objects() -> None:
 
 def test_the_api_pods_serve_the_contract_on_their_service() -> None:
     """`pin api serve` (a command the CLI has) in the code server's image, non-root as the
-    image's user; the Service's selector picks the pods and its target port is the container's,
-    on which the API listens (all interfaces) and the probes ask (/healthz for readiness, the
-    ClickHouse-free /openapi.json for liveness) and Prometheus scrapes /metrics; a stop gets
-    more time than the API's graceful stop; the settings the pod is given are valid for the API
-    against a ClickHouse server."""
+    image's user; the Service's selector picks the pods and its target ports are the
+    container's: `http`, on which the API listens (all interfaces) and the probes ask (/healthz
+    for readiness, the ClickHouse-free /openapi.json for liveness), and `metrics`, the API's
+    metrics listener, where Prometheus scrapes /metrics (never the API's port: every path there
+    needs a token); a stop gets more time than the API's graceful stop; the settings the pod is
+    given are valid for the API against a ClickHouse server."""
     from pin_pipelines.api.server import GRACEFUL_SECONDS
     from pin_pipelines.cli import build_parser
 
@@ -548,8 +549,12 @@ def test_the_api_pods_serve_the_contract_on_their_service() -> None:
     )
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
-    (port,) = container["ports"]
-    (service_port,) = service["spec"]["ports"]
+    port, metrics_port = (
+        next(p for p in container["ports"] if p["name"] == name) for name in ("http", "metrics")
+    )
+    assert len(container["ports"]) == 2
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(service_ports) == {"http", "metrics"}
     server = code_server(load_yaml(VALUES))
     env = {item["name"]: item["value"] for item in container["env"]}
 
@@ -563,12 +568,13 @@ def test_the_api_pods_serve_the_contract_on_their_service() -> None:
     labels = pod["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
-    assert service_port["targetPort"] in (port["name"], port["containerPort"])
+    for name, target in (("http", port), ("metrics", metrics_port)):
+        assert service_ports[name]["targetPort"] in (target["name"], target["containerPort"])
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
     assert container["livenessProbe"]["httpGet"] == {"path": "/openapi.json", "port": port["name"]}
     scrape = pod["metadata"]["annotations"]
     assert (scrape["prometheus.io/port"], scrape["prometheus.io/path"]) == (
-        str(port["containerPort"]),
+        str(metrics_port["containerPort"]),
         "/metrics",
     )
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > (
@@ -590,6 +596,10 @@ def test_the_api_pods_serve_the_contract_on_their_service() -> None:
     }
     settings = Settings.from_env({**given, **env})
     assert isinstance(parse_clickhouse_url(settings.clickhouse_url), ServerAddress)
-    assert (settings.api_addr, settings.api_port) == ("0.0.0.0", port["containerPort"])
+    assert (settings.api_addr, settings.api_port, settings.api_metrics_port) == (
+        "0.0.0.0",
+        port["containerPort"],
+        metrics_port["containerPort"],
+    )
     assert settings.api_jwks_url and settings.api_jwks_url.startswith("https://")
     assert settings.api_issuer and settings.api_audience

@@ -1,6 +1,6 @@
 """The pure decisions of the domains, without their services: the dimension's drift kinds
-(reconcile), the relay's id runs and its permanent-failure classification, and where the
-loader's group resumes in a partition (devstats)."""
+(reconcile), the relay's id runs and its permanent-failure classification, where the loader's
+group resumes in a partition and which events a ranged backfill leaves out (devstats)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from pin_pipelines.devstats.offsets import first_unloaded
+from pin_pipelines.devstats.replay import IdRange, RangedReplay
+from pin_pipelines.errors import PinError
 from pin_pipelines.reconcile.dimension import Snapshot, compare
 from pin_pipelines.relay.outbox import _id_runs
 from pin_pipelines.relay.producer import Failure
@@ -119,3 +121,45 @@ def test_only_unfixable_delivery_errors_are_permanent() -> None:
 )
 def test_first_unloaded(committed: int, low: int, high: int, first: int) -> None:
     assert first_unloaded(committed, low, high) == first
+
+
+# --- devstats: a ranged backfill ------------------------------------------------------------------
+
+LOW, MID, HIGH = (UUID(int=n) for n in (0x10, 0x20, 0x30))
+#: Probes just outside, at and just inside each end of LOW..MID..HIGH.
+PROBES = [UUID(int=n) for n in (0x0F, 0x10, 0x11, 0x20, 0x2F, 0x30, 0x31)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "inside"),
+    [
+        (IdRange(LOW, HIGH), [0x10, 0x11, 0x20, 0x2F, 0x30]),  # both ends included
+        (IdRange(MID, MID), [0x20]),
+        (IdRange(MID, None), [0x20, 0x2F, 0x30, 0x31]),  # either alone: half-open
+        (IdRange(None, MID), [0x0F, 0x10, 0x11, 0x20]),
+        (IdRange(), [0x0F, 0x10, 0x11, 0x20, 0x2F, 0x30, 0x31]),
+    ],
+)
+def test_an_id_range_holds_its_ends(ids: IdRange, inside: list[int]) -> None:
+    assert [g.int for g in PROBES if g in ids] == inside
+    assert ids.bounded == (ids != IdRange())
+
+
+def test_an_id_range_orders_ids_as_their_text() -> None:
+    """Not as ClickHouse orders its UUID type (the second half first): an id whose first half is
+    below the range's start is outside it, whatever its second half."""
+    after = IdRange(UUID("00000000-0000-0001-0000-000000000000"), None)
+    assert UUID("00000000-0000-0000-ffff-ffffffffffff") not in after
+    assert UUID("00000000-0000-0001-0000-000000000001") in after
+
+
+def test_an_empty_id_range_is_refused() -> None:
+    with pytest.raises(PinError, match=f"from-id {HIGH} is greater than to-id {LOW}"):
+        IdRange(HIGH, LOW)
+
+
+def test_a_ranged_replay_loads_every_event_the_group_had_not_passed() -> None:
+    replay = RangedReplay(IdRange(MID, MID), passed={0: 5})
+    assert replay.skips(LOW, 0, 4) and not replay.skips(MID, 0, 4)
+    assert not replay.skips(LOW, 0, 5)  # never loaded: the backfill moves the group past it
+    assert not replay.skips(LOW, 1, 0)  # a partition the group had not read

@@ -158,8 +158,8 @@ def existing() -> dict[str, frozenset[str]]:
 
 
 def api_metric_names() -> set[str]:
-    """The families and samples the read API serves at its own /metrics (one request counted,
-    so that the labelled ones have samples)."""
+    """The families and samples the read API serves at its own /metrics (PIN_API_METRICS_PORT;
+    one request counted, so that the labelled ones have samples)."""
     metrics = ApiMetrics()
     metrics.observe(200, "labels", 0.001)
     families = list(metrics.registry.collect())

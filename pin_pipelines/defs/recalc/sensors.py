@@ -1,7 +1,10 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
+import os
+
 import dagster as dg
 
+from pin_pipelines.config import recalc_tick_seconds
 from pin_pipelines.defs.common import (
     STOPPING_REASON,
     ending_soon,
@@ -17,13 +20,15 @@ from pin_pipelines.recalc.drain import seconds_until_next_due
 #: launch takes 3–7 s here, so a row first seen 7 s before its due time would otherwise be
 #: drained ~10 s late; the run waits for it instead (drain_until_idle's wait_for_due_within).
 LOOKAHEAD_SECONDS = 12.0
+#: The name this sensor beats under (chessboard.recalc_scheduler_beats): liveness on an empty queue.
+SCHEDULER_NAME = "recalc_queue_sensor"
 #: A run in flight that leaves rows this overdue is not keeping up: a second one may join.
 OVERDUE_SECONDS = 5.0
 
 
 @dg.sensor(
     job=recalc_drain_job,
-    minimum_interval_seconds=5,
+    minimum_interval_seconds=recalc_tick_seconds(os.environ),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Launches recalc_drain_job when queue rows are due (or about to be).",
 )
@@ -34,7 +39,7 @@ def recalc_queue_sensor(
         return dg.SkipReason(STOPPING_REASON)
     settings = pin.get()
     try:
-        next_due = seconds_until_next_due(settings.pg_dsn)
+        next_due = seconds_until_next_due(settings.pg_dsn, beat_as=SCHEDULER_NAME)
     except PinError as exc:
         return dg.SkipReason(f"queue unreadable: {exc}")
     if next_due is None:

@@ -34,3 +34,9 @@ SELECT le FROM chessboard.recalc_duration_buckets ORDER BY le;
 SELECT coalesce(sum(ticks), 0)::bigint AS ticks,
        extract(epoch FROM max(last_tick_at))::float8 AS last_tick_at
 FROM chessboard.recalc_worker_ticks;
+
+-- name: scheduler_beats()^
+-- Beats of every scheduler and the newest one (NULL before the first beat).
+SELECT coalesce(sum(beats), 0)::bigint AS beats,
+       extract(epoch FROM max(last_beat_at))::float8 AS last_beat_at
+FROM chessboard.recalc_scheduler_beats;

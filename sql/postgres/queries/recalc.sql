@@ -35,23 +35,44 @@ SELECT batch_size FROM chessboard.recalc_settings;
 -- For the claim's own transaction only (see drain.py): its commit does not wait for the WAL flush.
 SELECT set_config('synchronous_commit', 'off', true);
 
+-- name: settle_abandoned_claims()
+-- First thing of a tick: claims whose drain died inside the attempt (OOM kill, a lost host) are
+-- the failed runs they were. Such a claim's row is unlocked (a live drain holds its claimed row
+-- FOR UPDATE from its work transaction on, so SKIP LOCKED passes over it) and older than
+-- retry_interval (a live drain takes that lock within milliseconds of its claim's commit). A
+-- drain that was only stalled that long finds its claim gone and defers the project
+-- (lock_claimed_request). The counted row is ready again, or poison at poison_attempts.
+WITH abandoned AS (
+    SELECT r.project_id
+    FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
+    WHERE r.claimed_at IS NOT NULL AND r.claimed_at + s.retry_interval <= now()
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE chessboard.project_recalc_requests r
+SET attempt_count = r.attempt_count + 1, claimed_at = NULL, updated_at = now(),
+    last_error = 'attempt ' || r.attempt_count + 1 || ' started at ' || r.claimed_at
+                 || ' and never ended: the drain died inside it'
+FROM abandoned
+WHERE r.project_id = abandoned.project_id
+RETURNING r.project_id, r.attempt_count, r.last_error;
+
 -- name: claim_due_request(attempted)^
--- One ready row, oldest due_at first: the attempt is counted and the row stamped in this
--- statement's own transaction (the caller commits it before the work starts).
+-- One ready row, oldest due_at first, stamped in this statement's own transaction (the caller
+-- commits it before the work starts): claimed_at marks the attempt in progress, attempted_at
+-- starts the retry clock. No attempt is counted here: attempt_count is failed runs, counted by
+-- record_failure, or by settle_abandoned_claims for a drain that died.
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
--- share the queue and no project is recalculated twice at once; in the moment between another
--- drain's claim and its work transaction, that drain's fresh attempted_at keeps the row out
--- (it is not ready before retry_interval). Poisoned rows (attempt_count at the threshold) are
--- left for triage and can never block the rows behind them.
--- last_error says what a dead drain cannot: it is overwritten by the real error of a failure, and
--- given back (release_claim) when the attempt is interrupted.
+-- share the queue and no project is recalculated twice at once; a claimed row is not ready
+-- (claimed_at) in the moment between another drain's claim and its work transaction either.
+-- Poisoned rows (attempt_count at the threshold) are left for triage and can never block the
+-- rows behind them.
 -- `attempted` (uuid[]): projects this tick already tried; a failed or deferred row is retried
 -- on a later tick (spec), never again in the same one however short retry_interval is; NULL
 -- (pgbench, bench/) excludes nothing.
 WITH ready AS (
-    SELECT r.project_id, r.attempted_at, r.last_error
+    SELECT r.project_id, r.attempted_at
     FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-    WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts
+    WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts AND r.claimed_at IS NULL
       AND (r.attempted_at IS NULL OR r.attempted_at + s.retry_interval <= now())
       AND r.project_id <> ALL (coalesce(:attempted::uuid[], '{}'))
     ORDER BY r.due_at
@@ -59,32 +80,27 @@ WITH ready AS (
     FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE chessboard.project_recalc_requests r
-SET attempt_count = r.attempt_count + 1,
-    attempted_at = now(),
-    last_error = 'attempt ' || r.attempt_count + 1 || ' started at ' || now()
-                 || ' and never ended: the drain died inside it'
+SET claimed_at = now(), attempted_at = now()
 FROM ready
 WHERE r.project_id = ready.project_id
 RETURNING r.project_id, r.tenant_id, r.last_reason, r.requested_count, r.attempt_count,
           extract(epoch FROM now() - r.first_requested_at)::float8 AS waited_seconds,
-          r.attempted_at, ready.attempted_at AS previous_attempted_at,
-          ready.last_error AS previous_last_error;
+          r.claimed_at, ready.attempted_at AS previous_attempted_at;
 
--- name: lock_claimed_request(project_id, attempted_at)$
+-- name: lock_claimed_request(project_id, claimed_at)$
 -- First statement of the work transaction: the claimed row, locked until its end. NULL when the
--- row is no longer this claim's (deleted by hand, or claimed anew by another drain when
--- retry_interval is shorter than the moment between the two transactions).
+-- row is no longer this claim's (deleted by hand, requeued, or settled as abandoned because this
+-- drain stalled past retry_interval between its claim and this lock).
 SELECT true FROM chessboard.project_recalc_requests
-WHERE project_id = :project_id AND attempted_at = :attempted_at
+WHERE project_id = :project_id AND claimed_at = :claimed_at
 FOR UPDATE;
 
--- name: release_claim(project_id, attempted_at, previous_attempted_at, previous_last_error)!
+-- name: release_claim(project_id, claimed_at, previous_attempted_at)!
 -- An attempt that ended without a verdict on the project (deferred on a row lock, interrupted by
--- a stop) is given back: the count, the retry clock and the last error are as before the claim.
+-- a stop) is given back: no attempt in progress, the retry clock as before the claim.
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = attempt_count - 1, attempted_at = :previous_attempted_at,
-    last_error = :previous_last_error
-WHERE project_id = :project_id AND attempted_at = :attempted_at;
+SET claimed_at = NULL, attempted_at = :previous_attempted_at
+WHERE project_id = :project_id AND claimed_at = :claimed_at;
 
 -- name: limit_waits(statement_timeout, lock_share)^
 -- For the rest of this project's transaction. lock_timeout is a share of deadlock_timeout (see
@@ -257,13 +273,15 @@ SELECT count(*) FROM published;
 -- from now on waits for this commit and then inserts a fresh row.
 DELETE FROM chessboard.project_recalc_requests WHERE project_id = :project_id;
 
--- name: record_failure(project_id, error)!
--- After the project's work was rolled back (to a savepoint, so the row lock is still held): the
--- claim already counted the attempt; due_at stays, so a later tick retries, and attempt_count at
--- poison_attempts parks the row.
+-- name: record_failure(project_id, error)$
+-- After the project's work was rolled back (to a savepoint, so the row lock is still held): one
+-- more failed run, its error, no attempt in progress. due_at stays, so a later tick retries, and
+-- attempt_count at poison_attempts parks the row. Returns the new attempt_count.
 UPDATE chessboard.project_recalc_requests
-SET last_error = left(:error, 1024), updated_at = now()
-WHERE project_id = :project_id;
+SET attempt_count = attempt_count + 1, last_error = left(:error, 1024), claimed_at = NULL,
+    updated_at = now()
+WHERE project_id = :project_id
+RETURNING attempt_count;
 
 -- name: poisoned_requests()
 -- Rows parked for triage (runbook: fix the data, then requeue).
@@ -271,6 +289,13 @@ SELECT r.project_id, r.tenant_id, r.attempt_count, r.last_error, r.last_reason,
        r.first_requested_at, r.updated_at
 FROM chessboard.poisoned_recalc_requests() r
 ORDER BY r.attempted_at;
+
+-- name: record_scheduler_beat(scheduler)!
+-- Scheduler liveness: every evaluation of the scheduler (the Dagster sensor), due rows or not.
+INSERT INTO chessboard.recalc_scheduler_beats AS b (scheduler, beats, last_beat_at)
+VALUES (:scheduler, 1, now())
+ON CONFLICT (scheduler) DO UPDATE SET
+    beats = b.beats + 1, last_beat_at = greatest(b.last_beat_at, excluded.last_beat_at);
 
 -- name: next_due_in_seconds()$
 -- Seconds until the next row is ready (<= 0: now; NULL: nothing but poison is queued).
@@ -303,8 +328,8 @@ ON CONFLICT ON CONSTRAINT project_recalc_requests_pkey DO UPDATE SET
 -- Runbook for a poison row: forget the failures and make it due now. Returns 1 when requeued.
 WITH requeued AS (
     UPDATE chessboard.project_recalc_requests
-    SET attempt_count = 0, attempted_at = NULL, last_error = NULL, due_at = now(),
-        updated_at = now()
+    SET attempt_count = 0, attempted_at = NULL, claimed_at = NULL, last_error = NULL,
+        due_at = now(), updated_at = now()
     WHERE project_id = :project_id
     RETURNING 1
 )
