@@ -16,6 +16,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.case import Case
 from schemathesis.schemas import BaseSchema
 
@@ -73,7 +74,13 @@ def test_the_openapi_document_holds(
         suppress_health_check=list(HealthCheck),
     )
     def check(case: Case) -> None:
-        response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"})
+        # A case whose headers are the invalid part (the bearer token missing or malformed) is
+        # sent as generated: the valid token would make it a valid request, which schemathesis
+        # then rightly reports as negative data accepted (it did, about 1 run in 8).
+        if _headers_are_negative(case):
+            response = case.call_and_validate()
+        else:
+            response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"})
         statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
     statuses: dict[int, int] = {}
@@ -82,3 +89,9 @@ def test_the_openapi_document_holds(
         assert set(statuses) == {200}, statuses
     else:
         assert statuses.get(400, 0) > 0, statuses
+
+
+def _headers_are_negative(case: Case) -> bool:
+    components = case.meta.components if case.meta is not None else {}
+    header = components.get(ParameterLocation.HEADER)
+    return header is not None and header.mode is GenerationMode.NEGATIVE

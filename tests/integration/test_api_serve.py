@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_the_api_answers_while_a_continuous_loader_runs(
             if engine == "embedded":
                 assert folder_holder(url) == loader.process.pid  # the API read through it
                 report, _ = loader.stop()
-                assert report["inserted"] == 1 + 2 * len(groups)
+                _assert_loaded_every_event(report, groups)
                 assert label(groups[-1]) == "Студии v1"
                 assert folder_holder(url) == api.process.pid  # the API took the folder over
                 assert api.get("/healthz").status_code == 200
@@ -207,7 +208,15 @@ def test_the_api_answers_while_a_continuous_loader_runs(
             } == {str(developer)}
         if engine == "server":
             report, _ = loader.stop()
-            assert report["inserted"] == 1 + 2 * len(groups)
+            _assert_loaded_every_event(report, groups)
+
+
+def _assert_loaded_every_event(report: dict[str, Any], groups: list[Group]) -> None:
+    """Every event consumed and stored or skipped: two versions of the first group that arrive
+    in one batch store only the newer (skipped_stale), which a loaded machine makes likely."""
+    assert report["consumed"] == 1 + 2 * len(groups), report
+    assert report["inserted"] + report["skipped_stale"] == report["consumed"], report
+    assert report["inserted"] >= 1 + len(groups) + 1, report  # each new group, the last rename
 
 
 def test_a_loader_started_after_the_api_loads_through_it(
