@@ -7,8 +7,11 @@ import multiprocessing
 import os
 import statistics
 import time
+from functools import cache
+from pathlib import Path
 from typing import Any
 
+import aiosql
 import psycopg
 
 from pin_pipelines.config import dsn_with_dbname
@@ -16,6 +19,14 @@ from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.recalc.drain import drain_tick
 
 BASE_DSN = os.environ.get("PIN_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin")
+#: The benchmarks' own SQL (fixtures, the plain baseline): next to them, not in the product's sql/.
+BENCH_SQL = Path(__file__).resolve().parent / "sql"
+
+
+@cache
+def bench_queries(name: str) -> Any:
+    """Named queries of bench/sql/<name>.sql (aiosql, psycopg driver), as the product's are."""
+    return aiosql.from_path(BENCH_SQL / f"{name}.sql", "psycopg")
 
 
 def fresh_database(name: str) -> str:

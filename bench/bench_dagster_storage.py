@@ -28,12 +28,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, fresh_database
+from _common import BASE_DSN, bench_queries, fresh_database
 from confluent_kafka import Consumer, TopicPartition
 
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP as DEFAULT_KAFKA
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
-from pin_pipelines.db import queries
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
@@ -80,7 +79,7 @@ def main() -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         projects = [
             r[0]
-            for r in queries("bench").insert_bench_projects(
+            for r in bench_queries("bench").insert_bench_projects(
                 conn, projects=args.projects, buildings=2, layouts=10, objects=100
             )
         ]

@@ -34,11 +34,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, fresh_database, seconds_quantiles
+from _common import BASE_DSN, bench_queries, fresh_database, seconds_quantiles
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP, dagster_pg_url_from, dsn_with_dbname
-from pin_pipelines.db import queries
 from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
@@ -90,7 +89,7 @@ def main() -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         projects = [
             r[0]
-            for r in queries("bench").insert_bench_projects(
+            for r in bench_queries("bench").insert_bench_projects(
                 conn, projects=args.changes, buildings=2, layouts=10, objects=200
             )
         ]

@@ -2,7 +2,7 @@
 
 1. Recompute latency of one project by size (a drain tick of batch 1 after a real change).
 2. The drain against an independent baseline (issue 27), the headline: the plain per-project
-   implementation a team would write first (bench/baseline_recalc.sql and `baseline_drain`
+   implementation a team would write first (bench/sql/baseline_recalc.sql and `baseline_drain`
    below: per project ONE transaction that claims the queue row with SELECT ... FOR UPDATE SKIP
    LOCKED, calls ONE plpgsql function that recomputes and updates the four aggregate tables with
    IS DISTINCT FROM guards and writes the outbox events, deletes the row and commits). The same
@@ -68,24 +68,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # tests.support.truth: the aggregates recomputed in Python, shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import BASE_DSN, drain_all, fresh_database, quantiles
+from _common import BASE_DSN, BENCH_SQL, bench_queries, drain_all, fresh_database, quantiles
 from _cpu import process_cpu_seconds
 
 from pin_pipelines.config import SQL_DIR, dsn_with_dbname
-from pin_pipelines.db import queries
 from pin_pipelines.recalc import drain
 from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.stack.postgres import bindir
 from tests.support.truth import actual_aggregates, drift, versions
 
-BASELINE_SQL = Path(__file__).with_name("baseline_recalc.sql")
+BASELINE_SQL = BENCH_SQL / "baseline_recalc.sql"
 SIDES = ("product", "baseline")
 WORKLOADS = ("steady", "edited", "rewrite")
 
 
 def insert_projects(dsn: str, projects: int, objects: int) -> list[str]:
     with psycopg.connect(dsn) as conn:
-        rows = queries("bench").insert_bench_projects(
+        rows = bench_queries("bench").insert_bench_projects(
             conn,
             projects=projects,
             buildings=max(1, min(20, objects // 500)),
@@ -202,7 +201,7 @@ def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:
 
 # --- the drain against the independent baseline (issue 27) -----------------------------------
 
-#: The baseline's statements (bench/baseline_recalc.sql has the function). Oldest due first, as
+#: The baseline's statements (bench/sql/baseline_recalc.sql has the function). Oldest due first, as
 #: the product; no attempt counted, no poison threshold, no retry interval: the plain version.
 BASELINE_CLAIM = (
     "SELECT project_id FROM chessboard.project_recalc_requests"

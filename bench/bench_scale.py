@@ -54,11 +54,17 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, drain_throughput, fresh_database, quantiles, seconds_quantiles
+from _common import (
+    BASE_DSN,
+    bench_queries,
+    drain_throughput,
+    fresh_database,
+    quantiles,
+    seconds_quantiles,
+)
 from _cpu import CpuMeter, postmaster_pid
 
 from pin_pipelines.config import Settings, dagster_pg_url_from, dsn_with_dbname
-from pin_pipelines.db import queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import ensure_topics
 from pin_pipelines.recalc.drain import drain_tick
@@ -66,7 +72,7 @@ from pin_pipelines.reconcile import aggregates_drift
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import free_port, port_open
 
-Q: Any = queries("bench_scale")
+Q: Any = bench_queries("bench_scale")
 
 #: Big-project tiers: (objects per project at --largest 50000, share of the projects). The rest
 #: of the projects share the rest of the objects evenly (about 35 each at the defaults).
@@ -222,7 +228,7 @@ def indexes_rebuilt(
 
 def build_catalogue(dsn: str, shape: Shape) -> tuple[dict[str, Any], dict[UUID, int]]:
     """Writes `shape` into the empty migrated database at `dsn` in one transaction (see
-    sql/postgres/queries/bench_scale.sql), then vacuums, analyzes and checkpoints it. Returns the
+    bench/sql/bench_scale.sql), then vacuums, analyzes and checkpoints it. Returns the
     timings and each project's object count."""
     timings: dict[str, Any] = {}
     started = time.perf_counter()
