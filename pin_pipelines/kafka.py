@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, 
 
 from pin_pipelines.config import DEFAULT_KAFKA_PARTITIONS, Settings
 from pin_pipelines.errors import PinError
+from pin_pipelines.logs import log_event
+
+log = logging.getLogger("pin_pipelines.kafka")
 
 TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
 TOPIC_LAYOUT = "pin.chessboard.layout-upserted.v1"
@@ -69,6 +73,18 @@ class TopicSpec:
         """Partitions and topic configs of `topic` (the receipts keep their one partition)."""
         partitions, config = TOPIC_LAYOUTS.get(topic, (self.partitions, {}))
         return partitions, {**config, "min.insync.replicas": str(self.min_insync_replicas)}
+
+
+class _ClientLog:
+    """librdkafka's own log lines, as debug events: it logs a fenced producer as FATAL on
+    stderr otherwise, a second line next to the command's one-line error."""
+
+    def log(self, _level: int, fmt: str, *args: Any) -> None:
+        log_event(log, "kafka_client_log", level=logging.DEBUG, message=fmt % args)
+
+
+#: Kafka clients that log nothing themselves (level 0 leaves only fatal lines): the relay's.
+QUIET_CLIENT: dict[str, Any] = {"log_level": 0, "logger": _ClientLog()}
 
 
 def _quiet(_err: Any) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import QUIET_CLIENT
 from pin_pipelines.logs import log_event
 
 #: Key + value bytes above which an event is dead-lettered before it is sent. Below the broker's
@@ -269,18 +270,6 @@ class Sender:
     def _delivery_failed(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:  # only failures are reported; the check keeps that explicit
             self._failures.append(Failure(err, msg.value() or b""))
-
-
-class _ClientLog:
-    """librdkafka's own log lines, as debug events: it logs a fenced producer as FATAL on
-    stderr otherwise, a second line next to the command's one-line error."""
-
-    def log(self, _level: int, fmt: str, *args: Any) -> None:
-        log_event(log, "kafka_client_log", level=logging.DEBUG, message=fmt % args)
-
-
-#: The Kafka clients of the relay log nothing themselves (level 0 leaves only fatal lines).
-QUIET_CLIENT: dict[str, Any] = {"log_level": 0, "logger": _ClientLog()}
 
 
 def _describe(exc: KafkaException) -> str:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_RELAY_COMMITS
-from pin_pipelines.relay.producer import QUIET_CLIENT
+from pin_pipelines.kafka import QUIET_CLIENT, TOPIC_RELAY_COMMITS
 
 #: The receipts' only partition: the last receipt written is the last message.
 RECEIPT_PARTITION = 0
