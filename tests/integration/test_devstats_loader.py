@@ -5,6 +5,7 @@ embedded engine, the server and the local cluster (issue 17: the Distributed dim
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -559,6 +560,16 @@ def test_a_group_committed_past_the_end_replays_instead_of_stalling(
     assert set(summary.lag.values()) == {0}
 
 
+def _close_within(consumer: Consumer, seconds: float) -> None:
+    """librdkafka's close has no timeout, and the close of a member the group dropped while it
+    did not poll hung one CI run for good (the test itself was done). It is not what this test
+    checks: a close past `seconds` is left behind in a daemon thread, as the loader's own is
+    (offsets.py)."""
+    closer = threading.Thread(target=consumer.close, name="test-consumer-close", daemon=True)
+    closer.start()
+    closer.join(seconds)
+
+
 def test_a_commit_refused_because_the_group_moved_on_is_told_apart(
     loader_options: LoadOptions, kafka_bootstrap: str
 ) -> None:
@@ -600,7 +611,7 @@ def test_a_commit_refused_because_the_group_moved_on_is_told_apart(
     finally:
         for consumer in (first, second):
             if consumer is not None:
-                consumer.close()
+                _close_within(consumer, seconds=10)
     assert no_longer_a_member(refused.value), refused.value
     unreachable = KafkaException(KafkaError(KafkaError._WAIT_COORD))
     assert not no_longer_a_member(unreachable)
