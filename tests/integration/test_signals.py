@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.support.chessboard import (
     make_object,
     make_project,
 )
+from tests.support.http import answers_http
 from tests.support.recalc import (
     PIN,
     REPO_ROOT,
@@ -79,14 +79,6 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
-
-
-def answers_http(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @dataclass

@@ -28,6 +28,7 @@ import yaml
 
 from pin_pipelines.config import SOURCE_ROOT
 from pin_pipelines.stack.process import free_port, wait_until
+from tests.support.http import answers_http
 
 PROMETHEUS_CONFIG = SOURCE_ROOT / "ops" / "prometheus" / "prometheus.yml"
 ALERTMANAGER_CONFIG = SOURCE_ROOT / "ops" / "alertmanager" / "alertmanager.yml"
@@ -162,11 +163,7 @@ def _server(name: str, config: dict[str, Any], workdir: Path, *flags: str) -> It
 
 def _ready(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
     assert process.poll() is None, f"{process.args[0]} exited: {log.read_text()[-2000:]}"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+    return answers_http(url)
 
 
 @contextmanager
