@@ -28,6 +28,12 @@ DEFAULT_RECALC_TICK_SECONDS = 5
 RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
 DEFAULT_KAFKA_PARTITIONS = 6
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
+#: How long one long-lived relay or load run runs before its successor takes over (issue 19): a
+#: run's event log stays small. At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
+#: margin (defs/common.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
+#: once.
+DEFAULT_LONG_RUN_SECONDS = 300
+MIN_LONG_RUN_SECONDS = 60
 #: The server `pin stack up --clickhouse-server` manages while PIN_CLICKHOUSE_URL stays on the
 #: embedded engine (CI does this: the native-protocol tests need a server beside chdb).
 DEFAULT_CLICKHOUSE_SERVER_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
@@ -123,6 +129,8 @@ class Settings:
     #: the run queue admits no more. Each is a consumer of the loader's group; more than one only
     #: on a ClickHouse server (the embedded engine admits one process per folder).
     devstats_max_load_runs: int = DEFAULT_DEVSTATS_MAX_LOAD_RUNS
+    #: PIN_LONG_RUN_SECONDS: the budget the sensors give each relay and load run they launch.
+    long_run_seconds: int = DEFAULT_LONG_RUN_SECONDS
     #: PIN_CLICKHOUSE_SERVER_URL: the server `pin stack up|status|down --clickhouse-server`
     #: manages when PIN_CLICKHOUSE_URL does not name one (it is chdb, or a cluster's server).
     clickhouse_server_url: str = DEFAULT_CLICKHOUSE_SERVER_URL
@@ -180,6 +188,7 @@ class Settings:
             kafka_replication_factor=_whole(e, "PIN_KAFKA_REPLICATION_FACTOR"),
             kafka_min_insync_replicas=_whole(e, "PIN_KAFKA_MIN_INSYNC_REPLICAS"),
             devstats_max_load_runs=_load_runs(e, clickhouse_url),
+            long_run_seconds=_long_run_seconds(e),
             clickhouse_server_url=e.get("PIN_CLICKHOUSE_SERVER_URL")
             or DEFAULT_CLICKHOUSE_SERVER_URL,
             api_addr=e.get("PIN_API_ADDR") or DEFAULT_API_ADDR,
@@ -239,6 +248,16 @@ def _load_runs(env: Mapping[str, str], clickhouse_url: str) -> int:
             "clickhouse://…): the embedded chdb admits one loader process per folder"
         )
     return runs
+
+
+def _long_run_seconds(env: Mapping[str, str]) -> int:
+    seconds = _whole(env, "PIN_LONG_RUN_SECONDS") or DEFAULT_LONG_RUN_SECONDS
+    if seconds < MIN_LONG_RUN_SECONDS:
+        raise PinError(
+            f"PIN_LONG_RUN_SECONDS must be at least {MIN_LONG_RUN_SECONDS} (a run outlasts its "
+            f"successor's launch), got {seconds}"
+        )
+    return seconds
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:

@@ -72,6 +72,12 @@ def handover_seconds(latencies: list[float]) -> float:
     return min(MAX_HANDOVER_SECONDS, max(HANDOVER_SECONDS, p99 + HANDOVER_SLACK_SECONDS))
 
 
+def budget_run_config(op: str, budget_seconds: float) -> dict[str, Any]:
+    """The run config of a long-lived run whose op `op` runs `budget_seconds` (the sensors give
+    PIN_LONG_RUN_SECONDS; a run launched by hand from the UI keeps its config's default)."""
+    return {"ops": {op: {"config": {"budget_seconds": float(budget_seconds)}}}}
+
+
 def ending_soon(record: dg.RunRecord, op: str, default_budget: float, margin: float) -> bool:
     """Whether a started long-lived run (its op `op` runs for `budget_seconds` of its config, or
     `default_budget`) ends within `margin` seconds: time for the sensor to launch its successor."""

@@ -373,6 +373,8 @@ def test_sensor_keeps_one_load_run_going_and_launches_its_successor_near_its_end
     up_to_date = evaluate(instance)
     assert isinstance(up_to_date, dg.RunRequest)
     assert up_to_date.tags["pin/unloaded_events"] == "0"
+    # Each run gets the budget of PIN_LONG_RUN_SECONDS (default 300 s).
+    assert up_to_date.run_config == load_config(budget=300.0)
 
     produce_events(kafka_bootstrap, private_topic.topic, [Group().event(1), Group().event(1)])
     request = evaluate(instance)

@@ -187,6 +187,8 @@ def test_sensor_keeps_one_relay_run_going_and_launches_its_successor_near_its_en
     empty = evaluate(instance)
     assert isinstance(empty, dg.RunRequest)
     assert empty.tags["pin/outbox_pending"] == "0"
+    # Each run gets the budget of PIN_LONG_RUN_SECONDS (default 300 s).
+    assert empty.run_config == {"ops": {"relay_outbox": {"config": {"budget_seconds": 300.0}}}}
 
     _started_run(instance, budget=300.0)
     busy = evaluate(instance)

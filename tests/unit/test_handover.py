@@ -9,6 +9,7 @@ import time
 import dagster as dg
 from dagster._core.events import DagsterEvent, DagsterEventType
 
+from pin_pipelines.config import MIN_LONG_RUN_SECONDS
 from pin_pipelines.defs.common import (
     HANDOVER_SECONDS,
     HANDOVER_SLACK_SECONDS,
@@ -24,6 +25,9 @@ def test_the_margin_is_the_launch_p99_plus_slack_within_its_bounds() -> None:
     slow = [5.0] * 98 + [30.0, 31.0]
     assert handover_seconds(slow) == 31.0 + HANDOVER_SLACK_SECONDS
     assert handover_seconds([120.0]) == MAX_HANDOVER_SECONDS  # the relay lock's bound
+    # The shortest run the settings admit (PIN_LONG_RUN_SECONDS) outlasts the longest margin: a
+    # run's successor is never due the moment the run starts.
+    assert MIN_LONG_RUN_SECONDS > MAX_HANDOVER_SECONDS
 
 
 @dg.op

@@ -42,6 +42,7 @@ def test_defaults_follow_the_state_folder_and_the_database() -> None:
     assert settings.kafka_partitions == 6
     assert settings.kafka_replication_factor is None
     assert settings.kafka_min_insync_replicas is None
+    assert settings.long_run_seconds == 300
 
 
 def test_every_variable_is_read() -> None:
@@ -66,6 +67,7 @@ def test_every_variable_is_read() -> None:
         "PIN_KAFKA_REPLICATION_FACTOR": "3",
         "PIN_KAFKA_MIN_INSYNC_REPLICAS": "2",
         "PIN_DEVSTATS_MAX_LOAD_RUNS": "3",
+        "PIN_LONG_RUN_SECONDS": "600",
     }
     s = Settings.from_env(env)
     assert (s.pg_dsn, s.kafka_bootstrap) == (env["PIN_PG_DSN"], "k1:9092,k2:9092")
@@ -83,6 +85,7 @@ def test_every_variable_is_read() -> None:
         2,
     )
     assert s.devstats_max_load_runs == 3
+    assert s.long_run_seconds == 600
     assert s.pg == PgTarget("db.internal", 6432, "app", "catalogue")
     assert s.kafka_host_port == ("k1", 9092) and not s.kafka_is_local
 
@@ -102,6 +105,9 @@ def test_every_variable_is_read() -> None:
         ({"PIN_PG_DSN": "postgresql://db:port/pin"}, r"^PIN_PG_DSN has a bad port"),
         # The embedded engine admits one process per folder: one loader there.
         ({"PIN_DEVSTATS_MAX_LOAD_RUNS": "2"}, r"needs a ClickHouse server"),
+        # A run shorter than its successor's longest launch margin would hand over at once.
+        ({"PIN_LONG_RUN_SECONDS": "45"}, r"^PIN_LONG_RUN_SECONDS must be at least 60 .*got 45$"),
+        ({"PIN_LONG_RUN_SECONDS": "5m"}, r"^PIN_LONG_RUN_SECONDS must be a whole number ≥ 1"),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line(env: dict[str, str], message: str) -> None:

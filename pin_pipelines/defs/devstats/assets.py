@@ -18,6 +18,7 @@ from typing import Any
 
 import dagster as dg
 
+from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS
 from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
@@ -28,7 +29,7 @@ from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 class LoadConfig(dg.Config):
     #: How long one run loads before its successor takes over (the sensor launches it
     #: HANDOVER_SECONDS before this ends).
-    budget_seconds: float = 300.0
+    budget_seconds: float = float(DEFAULT_LONG_RUN_SECONDS)
 
 
 def load_metadata(summary: LoadSummary) -> dict[str, Any]:

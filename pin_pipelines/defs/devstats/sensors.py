@@ -6,13 +6,13 @@ import dagster as dg
 
 from pin_pipelines.defs.common import (
     STOPPING_REASON,
+    budget_run_config,
     ending_soon,
     handover_seconds,
     in_flight_records,
     instance_stopping,
     launch_latencies,
 )
-from pin_pipelines.defs.devstats.assets import LoadConfig
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.freshness import unloaded_events
@@ -43,7 +43,8 @@ def dim_layout_group_sensor(
         return dg.SkipReason(f"consumer lag unreadable: {exc}")
     max_runs = settings.devstats_max_load_runs
     runs = in_flight_records(context, dim_layout_group_job.name, limit=max_runs + 1)
-    budget = LoadConfig().budget_seconds  # the successor loads beside it until it ends
+    budget = settings.long_run_seconds  # the successor loads beside it until it ends
+    run_config = budget_run_config("dim_layout_group", budget)
     margin = handover_seconds(launch_latencies(context.instance, dim_layout_group_job.name))
     staying = [r for r in runs if not ending_soon(r, "dim_layout_group", budget, margin)]
     tags = {"pin/unloaded_events": str(lag.events)}
@@ -51,10 +52,10 @@ def dim_layout_group_sensor(
         if runs:  # every run in flight ends soon: its successor
             tags["pin/takes_over_from"] = runs[0].dagster_run.run_id
             tags["pin/handover_seconds"] = f"{margin:.1f}"
-        return dg.RunRequest(tags=tags)
+        return dg.RunRequest(run_config=run_config, tags=tags)
     # Loads are consumers of one group: each more splits the partitions (on a ClickHouse server;
     # one on chdb, config.py). Another one joins only for a backlog, since each join costs a
     # rebalance. The run queue admits no more than this (+ a successor: dagster_instance.py).
     if len(staying) < max_runs and lag.events >= BACKLOG_EVENTS:
-        return dg.RunRequest(tags=tags)
+        return dg.RunRequest(run_config=run_config, tags=tags)
     return dg.SkipReason(f"{len(staying)} load(s) already queued or running")

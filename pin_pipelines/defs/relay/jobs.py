@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from pin_pipelines.config import Settings
+from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS, Settings
 from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
@@ -28,7 +28,7 @@ RELAY_JOB_TAGS = {"pin/job": "outbox_relay"}
 class RelayConfig(dg.Config):
     #: How long one run relays before its successor takes over (a run's event log stays small:
     #: a summary and an asset event per topic per run).
-    budget_seconds: float = 300.0
+    budget_seconds: float = float(DEFAULT_LONG_RUN_SECONDS)
     #: How often an empty outbox is looked at.
     poll_seconds: float = 0.1
 
