@@ -41,8 +41,10 @@ def runs_in_flight(context: dg.SensorEvaluationContext, job_name: str, limit: in
 #: A long-lived run's successor is launched at least this long before the run in flight ends,
 #: and longer when launches are slow: the measured launch latency's p99 plus
 #: HANDOVER_SLACK_SECONDS (`handover_seconds`). The successor waits (relay: on the relay lock;
-#: loader: beside it, in the consumer group) for the rest.
-HANDOVER_SECONDS = 20.0
+#: loader: beside it, in the consumer group) for the rest. The launch latency does not hold the
+#: sensor's own delay (a 5 s interval, evaluated late on a busy daemon): with 20 s, a successor
+#: on a machine with every core busy started 0.8 s before its predecessor's end (test_handover).
+HANDOVER_SECONDS = 30.0
 HANDOVER_SLACK_SECONDS = 10.0
 #: At most: the relay's successor waits on the relay lock meanwhile (its lock_timeout is 60 s).
 MAX_HANDOVER_SECONDS = 50.0
