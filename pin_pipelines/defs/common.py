@@ -1,18 +1,23 @@
 """Shared by every domain's definitions: is a job already queued or running, is `pin serve`
-stopping, the one way the project declares a schedule (of a job, or of a check alone), the
-ClickHouse pool and the id lists of metadata."""
+stopping, the sensor that keeps a long-lived worker's run going, the one way the project
+declares a schedule (of a job, or of a check alone), the ClickHouse pool and the id lists of
+metadata."""
 
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+from pin_pipelines.config import Settings
+from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.errors import PinError
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.signals import STOP_SIGNALS, stop_requested
 
@@ -89,6 +94,75 @@ def ending_soon(record: dg.RunRecord, op: str, default_budget: float, margin: fl
     op_config = run_config.get("ops", {}).get(op, {}).get("config", {})
     budget = float(op_config.get("budget_seconds", default_budget))
     return time.time() - record.start_time > budget - margin
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A long-lived worker's backlog as its sensor read it: the tags of the run it launches, and
+    whether the backlog asks for one more run beside those in flight."""
+
+    tags: dict[str, str]
+    wants_more: bool = False
+
+
+def long_run_sensor(
+    *,
+    name: str,
+    job: dg.JobDefinition | UnresolvedAssetJobDefinition,
+    op: str,
+    noun: str,
+    description: str,
+    read_backlog: Callable[[Settings], Backlog],
+    unreadable: str,
+    max_runs: Callable[[Settings], int] = lambda _settings: 1,
+) -> dg.SensorDefinition:
+    """The sensor of a long-lived worker (the relay, the loader; River's one service shape): every
+    5 s it keeps one run of `job` going, whether work waits or not (the worker must be there
+    when work comes); launches its successor `handover_seconds` before the run in flight ends
+    (its op `op` runs for PIN_LONG_RUN_SECONDS); and launches more runs, up to `max_runs`, while
+    the backlog wants them. Nothing while `pin serve` stops, and nothing while the backlog cannot
+    be read: a run would only fail on the same unreachable peer (`unreadable: <the error>`)."""
+
+    @dg.sensor(
+        name=name,
+        job=job,
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=description,
+    )
+    def keep_running(
+        context: dg.SensorEvaluationContext, pin: PinSettings
+    ) -> dg.RunRequest | dg.SkipReason:
+        if instance_stopping(context.instance):
+            return dg.SkipReason(STOPPING_REASON)
+        settings = pin.get()
+        try:
+            backlog = read_backlog(settings)
+        except PinError as exc:
+            return dg.SkipReason(f"{unreadable}: {exc}")
+        limit = max_runs(settings)
+        runs = in_flight_records(context, job.name, limit=limit + 1)
+        budget = settings.long_run_seconds
+        run_config = budget_run_config(op, budget)
+        margin = handover_seconds(launch_latencies(context.instance, job.name))
+        staying = [r for r in runs if not ending_soon(r, op, budget, margin)]
+        if not staying:
+            tags = backlog.tags
+            if runs:  # every run in flight ends soon: its successor
+                tags = {
+                    **tags,
+                    "pin/takes_over_from": runs[0].dagster_run.run_id,
+                    "pin/handover_seconds": f"{margin:.1f}",
+                }
+            return dg.RunRequest(run_config=run_config, tags=tags)
+        # Each more run costs its peers something (a loader: a rebalance), so one joins only
+        # when the backlog asks. The run queue admits no more than the limit either
+        # (dagster_instance.py).
+        if len(staying) < limit and backlog.wants_more:
+            return dg.RunRequest(run_config=run_config, tags=backlog.tags)
+        return dg.SkipReason(f"{len(staying)} {noun}(s) already queued or running")
+
+    return keep_running
 
 
 #: `pin serve` writes this file into DAGSTER_HOME when it is asked to stop: sensors launch nothing
