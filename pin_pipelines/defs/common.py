@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -96,6 +96,10 @@ def ending_soon(record: dg.RunRecord, op: str, default_budget: float, margin: fl
     return time.time() - record.start_time > budget - margin
 
 
+Reading = TypeVar("Reading")
+Decision = dg.RunRequest | dg.SkipReason
+
+
 @dataclass(frozen=True)
 class Backlog:
     """A long-lived worker's backlog as its sensor read it: the tags of the run it launches, and
@@ -103,6 +107,42 @@ class Backlog:
 
     tags: dict[str, str]
     wants_more: bool = False
+
+
+def worker_sensor(
+    *,
+    name: str,
+    job: dg.JobDefinition | UnresolvedAssetJobDefinition,
+    description: str,
+    read: Callable[[Settings], Reading],
+    unreadable: str,
+    decide: Callable[[dg.SensorEvaluationContext, Settings, Reading], Decision],
+    minimum_interval_seconds: int = 5,
+) -> dg.SensorDefinition:
+    """The one shape of the workers' sensors (drain, relay, loader; River's one service shape):
+    on every tick, nothing while `pin serve` stops; `read` what the worker has to do (its queue,
+    outbox or consumer lag), and nothing while that cannot be read, since a run would only fail
+    on the same unreachable peer (`<unreadable>: <the error>`); then `decide` on a run. On from
+    the start."""
+
+    @dg.sensor(
+        name=name,
+        job=job,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=description,
+    )
+    def tick(context: dg.SensorEvaluationContext, pin: PinSettings) -> Decision:
+        if instance_stopping(context.instance):
+            return dg.SkipReason(STOPPING_REASON)
+        settings = pin.get()
+        try:
+            reading = read(settings)
+        except PinError as exc:
+            return dg.SkipReason(f"{unreadable}: {exc}")
+        return decide(context, settings, reading)
+
+    return tick
 
 
 def long_run_sensor(
@@ -116,30 +156,15 @@ def long_run_sensor(
     unreadable: str,
     max_runs: Callable[[Settings], int] = lambda _settings: 1,
 ) -> dg.SensorDefinition:
-    """The sensor of a long-lived worker (the relay, the loader; River's one service shape): every
-    5 s it keeps one run of `job` going, whether work waits or not (the worker must be there
-    when work comes); launches its successor `handover_seconds` before the run in flight ends
-    (its op `op` runs for PIN_LONG_RUN_SECONDS); and launches more runs, up to `max_runs`, while
-    the backlog wants them. Nothing while `pin serve` stops, and nothing while the backlog cannot
-    be read: a run would only fail on the same unreachable peer (`unreadable: <the error>`)."""
+    """The sensor of a long-lived worker (the relay, the loader): it keeps one run of `job`
+    going, whether work waits or not (the worker must be there when work comes); launches its
+    successor `handover_seconds` before the run in flight ends (its op `op` runs for
+    PIN_LONG_RUN_SECONDS); and launches more runs, up to `max_runs`, while the backlog wants
+    them."""
 
-    @dg.sensor(
-        name=name,
-        job=job,
-        minimum_interval_seconds=5,
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description=description,
-    )
-    def keep_running(
-        context: dg.SensorEvaluationContext, pin: PinSettings
-    ) -> dg.RunRequest | dg.SkipReason:
-        if instance_stopping(context.instance):
-            return dg.SkipReason(STOPPING_REASON)
-        settings = pin.get()
-        try:
-            backlog = read_backlog(settings)
-        except PinError as exc:
-            return dg.SkipReason(f"{unreadable}: {exc}")
+    def decide(
+        context: dg.SensorEvaluationContext, settings: Settings, backlog: Backlog
+    ) -> Decision:
         limit = max_runs(settings)
         runs = in_flight_records(context, job.name, limit=limit + 1)
         budget = settings.long_run_seconds
@@ -162,7 +187,14 @@ def long_run_sensor(
             return dg.RunRequest(run_config=run_config, tags=backlog.tags)
         return dg.SkipReason(f"{len(staying)} {noun}(s) already queued or running")
 
-    return keep_running
+    return worker_sensor(
+        name=name,
+        job=job,
+        description=description,
+        read=read_backlog,
+        unreadable=unreadable,
+        decide=decide,
+    )
 
 
 #: `pin serve` writes this file into DAGSTER_HOME when it is asked to stop: sensors launch nothing

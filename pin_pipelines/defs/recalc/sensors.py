@@ -4,16 +4,9 @@ import os
 
 import dagster as dg
 
-from pin_pipelines.config import recalc_tick_seconds
-from pin_pipelines.defs.common import (
-    STOPPING_REASON,
-    ending_soon,
-    in_flight_records,
-    instance_stopping,
-)
+from pin_pipelines.config import Settings, recalc_tick_seconds
+from pin_pipelines.defs.common import Decision, ending_soon, in_flight_records, worker_sensor
 from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
-from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.errors import PinError
 from pin_pipelines.recalc.drain import seconds_until_next_due
 
 #: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a
@@ -26,22 +19,15 @@ SCHEDULER_NAME = "recalc_queue_sensor"
 OVERDUE_SECONDS = 5.0
 
 
-@dg.sensor(
-    job=recalc_drain_job,
-    minimum_interval_seconds=recalc_tick_seconds(os.environ),
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Launches recalc_drain_job when queue rows are due (or about to be).",
-)
-def recalc_queue_sensor(
-    context: dg.SensorEvaluationContext, pin: PinSettings
-) -> dg.RunRequest | dg.SkipReason:
-    if instance_stopping(context.instance):
-        return dg.SkipReason(STOPPING_REASON)
-    settings = pin.get()
-    try:
-        next_due = seconds_until_next_due(settings.pg_dsn, beat_as=SCHEDULER_NAME)
-    except PinError as exc:
-        return dg.SkipReason(f"queue unreadable: {exc}")
+def _next_due(settings: Settings) -> float | None:
+    """Seconds until the next row is due (None: nothing queued but poison); the read is the
+    scheduler's beat too."""
+    return seconds_until_next_due(settings.pg_dsn, beat_as=SCHEDULER_NAME)
+
+
+def _drain_runs_wanted(
+    context: dg.SensorEvaluationContext, settings: Settings, next_due: float | None
+) -> Decision:
     if next_due is None:
         return dg.SkipReason("queue is empty")
     if next_due > LOOKAHEAD_SECONDS:
@@ -64,3 +50,14 @@ def recalc_queue_sensor(
     ):
         return dg.SkipReason(f"{len(runs)} drain run(s) already queued or running")
     return dg.RunRequest(tags={"pin/next_due_in": f"{next_due:.1f}"})
+
+
+recalc_queue_sensor = worker_sensor(
+    name="recalc_queue_sensor",
+    job=recalc_drain_job,
+    minimum_interval_seconds=recalc_tick_seconds(os.environ),
+    description="Launches recalc_drain_job when queue rows are due (or about to be).",
+    read=_next_due,
+    unreadable="queue unreadable",
+    decide=_drain_runs_wanted,
+)
