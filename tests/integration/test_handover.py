@@ -26,17 +26,16 @@ import pytest
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from pin_pipelines.clickhouse import open_clickhouse
-from pin_pipelines.config import MIN_LONG_RUN_SECONDS, dagster_pg_url_from
+from pin_pipelines.config import MIN_LONG_RUN_SECONDS
 from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.stack.kafka import LocalKafka
-from pin_pipelines.stack.process import free_port, wait_until
+from pin_pipelines.stack.process import wait_until
 from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
-from tests.integration.test_serve_stop import kill_session
 from tests.support.chessboard import make_layout_group, make_project
 from tests.support.http import answers_http
-from tests.support.recalc import PIN, REPO_ROOT
+from tests.support.serve import kill_session, serve_env, start_serve
 
 #: The runs' budget (PIN_LONG_RUN_SECONDS): the shortest the settings admit, so one hand-over of
 #: each leg happens about a minute into the test.
@@ -188,32 +187,23 @@ def test_the_relay_and_load_legs_have_no_gap_across_a_handover_on_a_loaded_machi
     groups = [make_layout_group(db, project, name=f"g{i}") for i in range(GROUPS)]
     db.execute("TRUNCATE chessboard.outbox_events")
     home = tmp_path / "dagster_home"
-    storage_url = dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
     bootstrap = kafka.settings.kafka_bootstrap
-    env = {
-        **os.environ,
-        "PIN_PG_DSN": pg_dsn,
-        "PIN_KAFKA_BOOTSTRAP": bootstrap,
-        "DAGSTER_HOME": str(home),
-        "PIN_DAGSTER_PG_URL": storage_url,
-        "PIN_DAGSTER_PORT": str(port := free_port()),
-        "PIN_CLICKHOUSE_URL": clickhouse_server_url,
-        "PIN_LONG_RUN_SECONDS": str(RUN_SECONDS),
-    }
-    monkeypatch.setenv("PIN_DAGSTER_PG_URL", storage_url)  # for this test's instance
+    env = serve_env(
+        pg_dsn=pg_dsn,
+        dagster_db=dagster_db,
+        kafka_bootstrap=bootstrap,
+        clickhouse_url=clickhouse_server_url,
+        home=home,
+        PIN_LONG_RUN_SECONDS=str(RUN_SECONDS),
+    )
+    port = env["PIN_DAGSTER_PORT"]
+    monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])  # this test's instance
     log = tmp_path / "serve.log"
     edits = Edits(pg_dsn, groups)
     arrivals = Arrivals(bootstrap, groups)
     visibility = Visibility(clickhouse_server_url, groups)
     with cpu_burners():
-        serve = subprocess.Popen(
-            [PIN, "serve"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log.open("w"),
-            start_new_session=True,  # one session: the finally below kills what is left of it
-        )
+        serve = start_serve(env, log)
         try:
             wait_until(
                 lambda: answers_http(f"http://127.0.0.1:{port}/server_info"),

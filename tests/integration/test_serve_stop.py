@@ -9,7 +9,6 @@ the machine (benchmarks, other sessions), and would take partitions from their l
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,14 +21,14 @@ import psycopg
 import pytest
 from dagster_shared.error import SerializableErrorInfo
 
-from pin_pipelines.config import dagster_pg_url_from
 from pin_pipelines.defs.common import STOPPING_MARKER
 from pin_pipelines.stack.kafka import LocalKafka
-from pin_pipelines.stack.process import free_port, wait_until
+from pin_pipelines.stack.process import wait_until
 from tests.integration.test_kafka_cluster import shares
 from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.recalc import PIN, REPO_ROOT, sleeping_backends, slow_recalc
+from tests.support.serve import kill_session, serve_env, session_processes, start_serve
 
 #: How long the drain's recalc of one project takes (a test trigger): longer than `pin serve`
 #: takes to stop its daemon when it does not wait, so a stop that left the drain behind fails.
@@ -61,30 +60,6 @@ STOPS = {
 GRACE_SECONDS = 30.0
 
 
-def session_processes(sid: int) -> list[str]:
-    """The live processes of session `sid` (`pin serve` and everything it started), from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{entry.name}: {command}")
-    return found
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL to every process of the session (`pin serve` runs the Dagster processes in a
-    process group of their own, so a group's kill does not reach them)."""
-    for line in session_processes(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-
-
 @pytest.mark.parametrize("stop", list(STOPS))
 def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     stop: str,
@@ -114,17 +89,14 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     stop's SIGKILL then finds nothing to kill)."""
     signum, target = STOPS[stop]
     home = tmp_path / "dagster_home"
-    storage_url = dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
     bootstrap = kafka.settings.kafka_bootstrap
-    env = {
-        **os.environ,
-        "PIN_PG_DSN": pg_dsn,
-        "PIN_KAFKA_BOOTSTRAP": bootstrap,
-        "DAGSTER_HOME": str(home),
-        "PIN_DAGSTER_PG_URL": storage_url,
-        "PIN_DAGSTER_PORT": str(free_port()),
-        "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",
-    }
+    env = serve_env(
+        pg_dsn=pg_dsn,
+        dagster_db=dagster_db,
+        kafka_bootstrap=bootstrap,
+        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
+        home=home,
+    )
     # Its own embedded dimension, migrated by `pin db migrate` (chdb: one process per folder).
     subprocess.run([PIN, "db", "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
     for _ in range(3):
@@ -135,16 +107,10 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
 
     log = tmp_path / "serve.log"
     with slow_recalc(db, PROJECT_SECONDS):
-        serve = subprocess.Popen(
-            [PIN, "serve"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log.open("w"),
-            start_new_session=True,  # one session: the finally below kills what is left of it
-        )
+        serve = start_serve(env, log)
         try:
-            monkeypatch.setenv("PIN_DAGSTER_PG_URL", storage_url)  # for this test's instance
+            # For this test's instance.
+            monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])
             wait_until(
                 lambda: (home / "dagster.yaml").exists(),
                 timeout=30,

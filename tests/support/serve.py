@@ -1,0 +1,78 @@
+"""`pin serve` as the tests run it: on an instance of its own (a Dagster home, a storage database
+and a port), in a session of its own so that everything it started can be found and killed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from pin_pipelines.config import dagster_pg_url_from
+from pin_pipelines.stack.process import free_port
+from tests.support.recalc import PIN, REPO_ROOT
+
+
+def storage_url(dagster_db: str) -> str:
+    """The Dagster storage URL of the database `dagster_db` (a DSN; the dagster_db fixture)."""
+    return dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
+
+
+def serve_env(
+    *,
+    pg_dsn: str,
+    dagster_db: str,
+    kafka_bootstrap: str,
+    clickhouse_url: str,
+    home: Path,
+    **settings: str,
+) -> dict[str, str]:
+    """The environment of a private `pin serve` on a free port; `settings` adds PIN_* variables."""
+    return {
+        **os.environ,
+        "PIN_PG_DSN": pg_dsn,
+        "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "DAGSTER_HOME": str(home),
+        "PIN_DAGSTER_PG_URL": storage_url(dagster_db),
+        "PIN_DAGSTER_PORT": str(free_port()),
+        "PIN_CLICKHOUSE_URL": clickhouse_url,
+        **settings,
+    }
+
+
+def start_serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`pin serve` with its stderr in `log`, the leader of a new session: `kill_session` then
+    finds it and everything it started."""
+    return subprocess.Popen(
+        [PIN, "serve"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=True,
+    )
+
+
+def session_processes(sid: int) -> list[str]:
+    """The live processes of session `sid` (`pin serve` and everything it started), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{entry.name}: {command}")
+    return found
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL to every process of the session (`pin serve` runs the Dagster processes in a
+    process group of their own, so a group's kill does not reach them)."""
+    for line in session_processes(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
