@@ -1,4 +1,4 @@
-"""`pin serve`: dagster-daemon and dagster-webserver on the project's instance, as in production."""
+"""`pin serve` and `pin dev`: the Dagster processes on the instance; a stop ends the runs first."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
 from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
 from pin_pipelines.errors import PinError
-from pin_pipelines.signals import default_stop_signals, stop_requested
+from pin_pipelines.signals import stop_requested
 
 
 def prepare_dagster_home(settings: Settings) -> dict[str, str]:
@@ -74,7 +74,26 @@ def _ui_args(settings: Settings) -> list[str]:
 
 
 def serve(settings: Settings) -> None:
-    """Run both until SIGTERM or SIGINT (then stop them), or until one of them exits.
+    """dagster-daemon and dagster-webserver until SIGTERM or SIGINT, as in production."""
+    _supervise(
+        settings,
+        {
+            "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
+            "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
+        },
+    )
+
+
+def dagster_dev(settings: Settings) -> None:
+    """`dagster dev` on the project's instance (local use), stopped as `pin serve` stops: a
+    `dagster dev` stopped by the terminal's Ctrl-C leaves its run workers to die with the signal
+    (FAILURE runs), and its runs to outlive it until their budget ends."""
+    _supervise(settings, {"dagster dev": [_bin("dagster"), "dev", *_ui_args(settings)]})
+
+
+def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
+    """Run `commands` until SIGTERM or SIGINT (then wind the runs down and stop them), or until
+    one of them exits.
 
     The handlers go in before the children start, so the children start with SIGTERM and SIGINT
     at their defaults even when this process inherited them ignored (see pin_pipelines.signals).
@@ -84,10 +103,6 @@ def serve(settings: Settings) -> None:
     marker.unlink(missing_ok=True)  # left by a stop that did not finish
     stopping = stop_requested()
     _adopt_orphans()
-    commands = {
-        "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
-        "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
-    }
     # A process group of their own: Ctrl-C in the terminal signals the foreground group, and it
     # must reach `pin serve` alone, which stops the runs first and its children after (issue 24:
     # run workers that got the signal themselves ended FAILURE, and a run still launching was
@@ -98,7 +113,7 @@ def serve(settings: Settings) -> None:
     }
     print(
         f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
-        f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops both",
+        f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops {' and '.join(children)}",
         file=sys.stderr,
     )
     try:
@@ -213,13 +228,3 @@ def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
                 )
                 return
             time.sleep(0.5)
-
-
-def dagster_dev(settings: Settings) -> None:
-    """`dagster dev` on the project's instance: it reads ./dagster.yaml, which needs the
-    environment that prepare_dagster_home builds. Replaces this process."""
-    env = prepare_dagster_home(settings)
-    argv = [_bin("dagster"), "dev", *_ui_args(settings)]
-    os.chdir(SOURCE_ROOT)
-    default_stop_signals()
-    os.execve(argv[0], argv, env)

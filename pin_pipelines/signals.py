@@ -37,7 +37,8 @@ def stop_requested() -> Callable[[], bool]:
 
 
 def default_stop_signals() -> None:
-    """SIGTERM and SIGINT back to their defaults, before this process execs a long-running
-    program (`pin dev`): an inherited SIG_IGN would survive the exec."""
+    """SIGTERM and SIGINT back to their defaults, in a child before it execs a service (`pin
+    stack up`): a service started by a supervisor that ignores them could then only be stopped
+    with SIGKILL, since an inherited SIG_IGN survives the exec."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pin_pipelines.errors import PinError
+from pin_pipelines.signals import default_stop_signals
 
 
 def pid_alive(pid: int) -> bool:
@@ -42,13 +44,6 @@ def read_pid(pidfile: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
-def _default_stop_signals() -> None:
-    """In the child before exec: an ignored SIGTERM/SIGINT is inherited across exec, and a service
-    started by a supervisor that ignores them could then only be stopped with SIGKILL."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_detached(
     argv: Sequence[str],
     *,
@@ -68,7 +63,7 @@ def start_detached(
             cwd=cwd,
             env=env,
             start_new_session=True,
-            preexec_fn=_default_stop_signals,
+            preexec_fn=default_stop_signals,
         )
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
@@ -140,24 +135,38 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+#: Where private servers' ports come from: below the kernel's ephemeral range. A port in that
+#: range, left free by a server's restart, can meanwhile become the local port of any outgoing
+#: connection, and the restarted server then fails to bind it (a CI run lost a ClickHouse replica
+#: after its kill -9 that way: its port was 48704).
+PRIVATE_PORTS_FROM = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_port_choice = random.Random()  # its own: hypothesis reseeds the module's generator in tests
+#: Handed out by this process: two servers of one test never get the same port.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now (for a private server or a refused call)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port_run(1)
 
 
 def free_port_run(length: int) -> int:
-    """The first of `length` consecutive loopback ports free right now: a private cluster's
-    nodes take their ports from one base (a broker and its controller, a server's native,
-    HTTP and interserver ports)."""
+    """The first of `length` consecutive loopback ports free right now, none of them handed out
+    before by this process: a private cluster's nodes take their ports from one base (a broker
+    and its controller, a server's native, HTTP and interserver ports)."""
+    ephemeral_from = int(EPHEMERAL_RANGE.read_text().split()[0])
     while True:
-        base = free_port()
+        base = _port_choice.randrange(PRIVATE_PORTS_FROM, ephemeral_from - length)
+        run = range(base, base + length)
+        if _handed_out.intersection(run):
+            continue
         with contextlib.ExitStack() as held:
             try:
-                for port in range(base, base + length):
+                for port in run:
                     sock = held.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _handed_out.update(run)
         return base

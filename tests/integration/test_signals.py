@@ -42,6 +42,7 @@ from tests.support.recalc import (
     sleeping_backends,
     slow_recalc,
 )
+from tests.support.serve import kill_session, session_pids, session_processes
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL_IDS = [s.name for s in STOP_SIGNALS]
@@ -60,18 +61,6 @@ def ignores(pid: int) -> list[str]:
     assert found, status
     mask = int(found[1], 16)
     return [s.name for s in STOP_SIGNALS if mask >> (s - 1) & 1]
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
-        except OSError:
-            continue
-        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -113,8 +102,8 @@ class Started:
 
 @pytest.fixture
 def ignoring_pin(tmp_path: Path) -> Iterator[Callable[..., Started]]:
-    """Starts `pin …` with SIGTERM and SIGINT ignored; kills and reaps each one (and its
-    children) at the end, whatever the test did."""
+    """Starts `pin …` with SIGTERM and SIGINT ignored, in a session of its own; kills each one
+    and everything it started, and reaps it, at the end, whatever the test did."""
     started: list[Started] = []
 
     def start(*args: str, env: dict[str, str]) -> Started:
@@ -127,6 +116,7 @@ def ignoring_pin(tmp_path: Path) -> Iterator[Callable[..., Started]]:
                 stdout=stdout,
                 stderr=stderr,
                 preexec_fn=ignore_stop_signals,
+                start_new_session=True,
             )
         started.append(Started(process, out, err))
         return started[-1]
@@ -135,9 +125,7 @@ def ignoring_pin(tmp_path: Path) -> Iterator[Callable[..., Started]]:
         yield start
     finally:
         for pin in started:
-            for child in children_of(pin.process.pid):
-                os.kill(child, signal.SIGKILL)
-            pin.process.kill()
+            kill_session(pin.process.pid)
             pin.process.wait()
 
 
@@ -208,24 +196,25 @@ def serve_env(db: psycopg.Connection, pg_dsn: str, tmp_path: Path) -> dict[str, 
 def test_pin_serve_and_pin_dev_stop_with_their_dagster_processes_even_when_started_ignoring_them(
     serve_env: dict[str, str], ignoring_pin: Callable[..., Started], command: str
 ) -> None:
-    """Tried: `pin serve` (and `pin dev`, which execs `dagster dev`) started with SIGTERM and
-    SIGINT ignored, the webserver answering; then SIGTERM. `pin serve` installs its handlers
-    before it starts dagster-daemon and dagster-webserver, and `pin dev` restores the defaults
-    before its exec, so no inherited SIG_IGN survives: none of the processes ignores either
-    signal, and all exit, the one started with 0."""
+    """Tried: `pin serve` (and `pin dev`, which runs `dagster dev` the same way) started with
+    SIGTERM and SIGINT ignored, the webserver answering; then SIGTERM. `pin` installs its
+    handlers before it starts the Dagster processes, so no inherited SIG_IGN survives: none of
+    them ignores either signal; `pin` exits 0 and nothing it started (run workers, a code server
+    its parent left behind) outlives it by more than a moment."""
     pin = ignoring_pin(command, env=serve_env)
     url = f"http://127.0.0.1:{serve_env['PIN_DAGSTER_PORT']}/server_info"
     wait_for(lambda: not pin.alive() or answers_http(url), 180, "the webserver")
     assert pin.alive(), pin.stderr
-    processes = [pin.process.pid, *children_of(pin.process.pid)]
-    # pin (or dagster dev), the webserver, the daemon (and dagster dev's code server)
-    assert len(processes) >= 3, processes
+    processes = session_pids(pin.process.pid)
+    # pin, the webserver, the daemon, their code servers (and dagster dev)
+    assert len(processes) >= 3, session_processes(pin.process.pid)
     assert {pid: ignores(pid) for pid in processes} == {pid: [] for pid in processes}
 
     pin.stop(signal.SIGTERM, timeout=60)
     assert pin.process.returncode == 0, pin.stderr
-    # dagster dev does not wait for its code server, which stops within a second or so.
-    wait_for(lambda: not any(pid_alive(pid) for pid in processes[1:]), 15, "the children")
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not session_pids(pin.process.pid), 5, "the session to end")
+    assert session_processes(pin.process.pid) == []
 
 
 # --- the suite's own guards (tests/conftest.py), run on a small test file of their own ----------

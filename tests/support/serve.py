@@ -70,9 +70,14 @@ def session_processes(sid: int) -> list[str]:
     return found
 
 
+def session_pids(sid: int) -> list[int]:
+    """The pids of `session_processes(sid)`."""
+    return [int(line.split(":", 1)[0]) for line in session_processes(sid)]
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL to every process of the session (`pin serve` runs the Dagster processes in a
     process group of their own, so a group's kill does not reach them)."""
-    for line in session_processes(sid):
+    for pid in session_pids(sid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
