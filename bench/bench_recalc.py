@@ -141,26 +141,26 @@ def pgbench_script() -> str:
         lines = [ln for ln in blocks[name].splitlines() if not ln.lstrip().startswith("--")]
         return "\n".join(lines).strip()
 
-    # The claim commits on its own (drain.py), then the work transaction locks the row again.
+    # The claim (committed on its own, drain.py), then the work transaction: the function call
+    # (the claimed row locked again, the recalc) and the outcome's counters. pgbench fills
+    # :project_id and :claimed_at from the claim's \gset. (limit_waits is once per tick.)
     claim = [
-        "BEGIN;",
-        body("relax_commit_durability"),
         body("claim_due_request").rstrip(";") + " \\gset",
-        "COMMIT;",
         "BEGIN;",
     ]
-    steps = [
-        body(n)
-        for n in (
-            "lock_claimed_request",
-            "lock_project",
-            "recalc_buildings",
-            "recalc_layouts",
-            "recalc_layout_groups",
-            "recalc_project",
-            "delete_request",
-        )
-    ]
+    outcome = {
+        ":result": "'success'",
+        ":duration": "0.01",
+        ":coalesced": "1",
+        ":project": "0",
+        ":layout_group": "0",  # before :layout, its prefix
+        ":layout": "0",
+    }
+    counters = body("record_recalc_outcome")
+    for name, value in outcome.items():
+        counters = counters.replace(name, value)
+    work = body("recalc_claimed_project").replace(":traceparent", "NULL")
+    steps = [work.replace(":lock_share", "0.5").rstrip(";") + " \\gset work_", counters]
     return "\n".join([*claim, *steps, "COMMIT;"]) + "\n"
 
 

@@ -6,7 +6,10 @@
  * project, i.e. one row of chessboard.project_recalc_requests; a clock process gives time.
  * Each Promela step is one SQL statement, or a statement and its COMMIT, of
  * sql/postgres/migrations/0001 (request_project_recalc), 0006 (claims) and
- * sql/postgres/queries/recalc.sql, named in the comment at the step:
+ * sql/postgres/queries/recalc.sql, named in the comment at the step; the steps of the work
+ * transaction from lock_claimed_request to delete_request are the statements of ONE function,
+ * recalc_claimed_project (migration 0013: its inner block is the SAVEPOINT), each labelled
+ * there with the step's name; the drain records the outcome it returns before the COMMIT:
  *
  *   writer   BEGIN (now() = t)
  *            UPDATE layouts | property_objects, then its AFTER STATEMENT trigger
@@ -14,7 +17,7 @@
  *            COMMIT
  *   drain    settle_abandoned_claims (a tick's first statement, autocommit: a claim unlocked
  *              past retry_interval is a dead drain's: attempt_count + 1, claimed_at NULL)
- *            claim_due_request + COMMIT (its own transaction: claimed_at, attempted_at)
+ *            claim_due_request (autocommit, its own transaction: claimed_at, attempted_at)
  *            lock_claimed_request FOR UPDATE (waits, under lock_timeout)
  *              NULL -> "deferred", COMMIT (the claim was settled as abandoned)
  *              lock_timeout -> ROLLBACK, then release_claim in autocommit (_give_back)

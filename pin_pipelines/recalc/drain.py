@@ -33,8 +33,9 @@ Q: Any = queries("recalc")
 
 Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "interrupted"]
 
-#: One project is a handful of indexed aggregates (spec: p99 < 2 s); a statement running far
-#: longer is stuck, and must not hold the tick (spec: tick < 30 s).
+#: One project is a handful of indexed aggregates (spec: p99 < 2 s); a project whose work (one
+#: statement, recalc_claimed_project) runs far longer is stuck, and must not hold the tick
+#: (spec: tick < 30 s): it fails. Set for the drain's session (limit_waits).
 STATEMENT_TIMEOUT = "10s"
 #: A row lock held by an HTTP edit of the same aggregate row is waited for this share of the
 #: server's deadlock_timeout (1 s by default), then the project is deferred to the next tick (no
@@ -144,6 +145,7 @@ def drain_tick(
         connection(dsn) as conn,
     ):
         conn.autocommit = True  # each project opens its own transaction below
+        Q.limit_waits(conn, statement_timeout=STATEMENT_TIMEOUT)
         if batch_size is None:
             configured = Q.batch_size(conn)
             batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
@@ -276,19 +278,26 @@ class _Claim:
 
 
 @dataclass(frozen=True)
-class _LockedProject:
-    """The project row lock_project took (with the counts of the rows it locked)."""
+class _Work:
+    """What recalc_claimed_project did with a claimed project (migration 0013)."""
 
-    status: str
-    deleted_at: datetime | None
-    buildings: int
-    layouts: int
-    layout_groups: int
+    outcome: Literal["recalculated", "skipped_archived", "deferred", "failed"]
+    buildings_written: int | None
+    layouts_published: int | None
+    layout_groups_published: int | None
+    projects_published: int | None
+    #: A failure's SQLSTATE and its error as libpq prints it, without the severity.
+    error_state: str | None
+    error_message: str | None
 
-    @property
-    def carries_aggregates(self) -> bool:
-        """An archived or deleted project carries none."""
-        return self.status != "Archived" and self.deleted_at is None
+    def error(self) -> str:
+        """A failure as the drain logs and stores it: the psycopg error's name and its text, as
+        an exception raised to the drain would read."""
+        try:
+            name = pg_errors.lookup(self.error_state or "").__name__
+        except KeyError:
+            name = f"SQLSTATE {self.error_state}"
+        return f"{name}: {self.error_message}".strip()
 
 
 #: The log line of each outcome of a claimed project: its event and level.
@@ -335,13 +344,9 @@ def _process_next(
     attempt_running: threading.Event,
 ) -> ProjectResult | None:
     # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
-    # The claim commits on its own, before the work: a drain that dies inside the project (OOM
-    # kill, a terminated connection) has still counted the attempt. Its durability is relaxed:
-    # only a server crash within a fraction of a second could forget it (and the work
-    # transaction's commit flushes it anyway).
-    with conn.transaction():
-        Q.relax_commit_durability(conn)
-        claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
+    # The claim commits on its own (autocommit), before the work: a drain that dies inside the
+    # project (OOM kill, a terminated connection) has still counted the attempt.
+    claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
     if claim is None:
         return None
     fields = claim.log_fields(correlation_id)
@@ -352,10 +357,10 @@ def _process_next(
     )
     try:
         with span:
-            result = _attempt(conn, claim, started, should_stop)
+            result = _attempt(conn, claim, started)
     except pg_errors.LockNotAvailable:
-        # lock_claimed_request waited past lock_timeout for a raiser's upsert of the claimed row
-        # (an edit in flight since the claim's commit): contention, like a lock wait inside the
+        # The claimed row's lock waited past lock_timeout for a raiser's upsert of it (an edit
+        # in flight since the claim's commit): contention, like a lock wait inside the
         # project, defers it with its attempt given back, and the tick goes on (spec: continue
         # over the batch), instead of failing the whole run.
         _give_back(conn, claim, fields)
@@ -396,40 +401,54 @@ def _outcome_fields(claim: _Claim, result: ProjectResult) -> dict[str, Any]:
     return {}
 
 
-def _attempt(
-    conn: psycopg.Connection, claim: _Claim, started: float, should_stop: Callable[[], bool]
-) -> ProjectResult:
-    """The work transaction of one claimed project; its outcome is counted in it."""
+def _attempt(conn: psycopg.Connection, claim: _Claim, started: float) -> ProjectResult:
+    """The work transaction of one claimed project; its outcome is recorded in it, while it
+    still holds the claimed row (a failure's work was rolled back to the function's savepoint).
+    A stop's cancel and a lock wait on the claimed row itself leave it as exceptions. (psycopg's
+    pipeline mode, sending BEGIN with the call and the counters with COMMIT, measured no faster
+    in bench_recalc, and a lost connection then logged a warning line per queued statement.)"""
     with conn.transaction():
-        Q.limit_waits(
+        work = fetch_one(
+            Q.recalc_claimed_project,
             conn,
-            statement_timeout=STATEMENT_TIMEOUT,
+            _Work,
+            project_id=claim.project_id,
+            claimed_at=claim.claimed_at,
+            traceparent=current_traceparent(),
             lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
         )
-        if not Q.lock_claimed_request(
-            conn, project_id=claim.project_id, claimed_at=claim.claimed_at
-        ):
-            # Not this claim's any more: deleted or requeued by hand, or settled as abandoned
-            # (this drain stalled past retry_interval since its claim).
-            return ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
-        try:
-            # A savepoint: a failure rolls back the project's work but keeps the row locked, so
-            # recording the outcome cannot race another drain that would claim the row.
-            with conn.transaction():
-                result = _recalc_project(conn, claim, started)
-        except pg_errors.LockNotAvailable:
-            Q.release_claim(conn, **claim.release_params())  # contention is not a poison
-            result = ProjectResult(claim.project_id, "deferred", time.perf_counter() - started)
-        except Exception as exc:
-            stopping = isinstance(exc, pg_errors.QueryCanceled) and should_stop()
-            if stopping or conn.closed or conn.broken:
-                raise
-            error = f"{type(exc).__name__}: {exc}".strip()
+        assert work is not None  # the function returns one row
+        took = time.perf_counter() - started
+        if work.outcome == "recalculated":
+            result = ProjectResult(
+                claim.project_id,
+                "recalculated",
+                took,
+                republished={
+                    "layout": work.layouts_published or 0,
+                    "layout_group": work.layout_groups_published or 0,
+                    "project": work.projects_published or 0,
+                },
+                buildings_updated=work.buildings_written or 0,
+                requested_count=claim.requested_count,
+            )
+        elif work.outcome == "skipped_archived":
+            result = ProjectResult(
+                claim.project_id, "skipped_archived", took, requested_count=claim.requested_count
+            )
+        elif work.outcome == "deferred":
+            # A row lock held elsewhere (contention is not a poison), or the claim is no longer
+            # this drain's (deleted or requeued by hand, or settled as abandoned after this
+            # drain stalled past retry_interval): then there is nothing to give back.
+            Q.release_claim(conn, **claim.release_params())
+            result = ProjectResult(claim.project_id, "deferred", took)
+        else:
+            error = work.error()
             failed_runs = Q.record_failure(conn, project_id=claim.project_id, error=error)
             result = ProjectResult(
                 claim.project_id,
                 "failed",
-                time.perf_counter() - started,
+                took,
                 error=error[:1024],
                 attempt_count=int(failed_runs),
             )
@@ -454,36 +473,6 @@ def _give_back(conn: psycopg.Connection, claim: _Claim, fields: dict[str, Any]) 
             **fields,
             error=first_line(exc),
         )
-
-
-def _recalc_project(conn: psycopg.Connection, claim: _Claim, started: float) -> ProjectResult:
-    project_id, requested_count = claim.project_id, claim.requested_count
-    project = fetch_one(Q.lock_project, conn, _LockedProject, project_id=project_id)
-    if project is None or not project.carries_aggregates:
-        # An archived or deleted project carries no aggregates: close the window, touch nothing.
-        Q.delete_request(conn, project_id=project_id)
-        return ProjectResult(
-            project_id,
-            "skipped_archived",
-            time.perf_counter() - started,
-            requested_count=requested_count,
-        )
-    buildings = Q.recalc_buildings(conn, project_id=project_id)
-    trace = {"project_id": project_id, "traceparent": current_traceparent()}
-    republished = {
-        "layout": Q.recalc_layouts(conn, **trace),
-        "layout_group": Q.recalc_layout_groups(conn, **trace),
-        "project": Q.recalc_project(conn, **trace),
-    }
-    Q.delete_request(conn, project_id=project_id)
-    return ProjectResult(
-        project_id,
-        "recalculated",
-        time.perf_counter() - started,
-        republished=republished,
-        buildings_updated=buildings,
-        requested_count=requested_count,
-    )
 
 
 @dataclass

@@ -217,10 +217,11 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
 ) -> None:
     """Tried: right after the first project's claim commits, a raiser's upsert of its queue row
     (an edit whose transaction stays open for 1.5 s) takes the row, so the work transaction's
-    lock_claimed_request waits past lock_timeout (0.5 s). Found by the queue model
-    (model/recalc_queue.pml, REACH_RELOCK_TIMEOUT): LockNotAvailable escaped the tick and failed
-    the whole drain run. Now that project is deferred with its attempt given back once the edit
-    commits, and the second project of the batch is recalculated in the same tick."""
+    lock on the claimed row (recalc_claimed_project's first step) waits past lock_timeout
+    (0.5 s). Found by the queue model (model/recalc_queue.pml, REACH_RELOCK_TIMEOUT):
+    LockNotAvailable escaped the tick and failed the whole drain run. Now that project is
+    deferred with its attempt given back once the edit commits, and the second project of the
+    batch is recalculated in the same tick."""
     first, _ = _project_with_object(db)
     second, _ = _project_with_object(db)
     db.execute(
@@ -229,20 +230,23 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
         (first,),
     )
     edit = psycopg.connect(pg_dsn)
-    locked = drain.Q.lock_claimed_request
+    attempt = drain._attempt
 
-    def edit_in_flight_first(conn: psycopg.Connection, **params: object) -> object:
-        if params["project_id"] == first and not committing.is_alive():
+    def edit_in_flight_first(
+        conn: psycopg.Connection, claim: drain._Claim, started: float
+    ) -> drain.ProjectResult:
+        if claim.project_id == first and not committing.is_alive():
             edit.execute(
                 "SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
                 " FROM chessboard.projects WHERE id = %s",
                 (first,),
             )
             committing.start()
-        return locked(conn, **params)
+        return attempt(conn, claim, started)
 
     committing = threading.Timer(1.5, edit.commit)
-    monkeypatch.setattr(drain.Q, "lock_claimed_request", edit_in_flight_first)
+    # The work transaction's start, right after the claim's commit.
+    monkeypatch.setattr(drain, "_attempt", edit_in_flight_first)
     try:
         tick = drain_tick(pg_dsn)
     finally:
