@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import aiosql
 import psycopg
+from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, scalar_row
 
@@ -37,13 +38,33 @@ def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 5) -> 
         raise PinError(f"PostgreSQL at {_redact(dsn)} is unreachable: {first_line(exc)}") from exc
 
 
+#: What a statement of this release meets on a database it has not migrated.
+UNMIGRATED = (
+    pg_errors.InvalidSchemaName,
+    pg_errors.UndefinedTable,
+    pg_errors.UndefinedColumn,
+    pg_errors.UndefinedFunction,
+)
+
+
+def unmigrated(dsn: str, exc: psycopg.Error) -> PinError:
+    """One of UNMIGRATED as what to do about it."""
+    return PinError(
+        f"PostgreSQL at {_redact(dsn)}: the schema is missing or older than this release "
+        f"({first_line(exc)}); run `pin db migrate`"
+    )
+
+
 @contextmanager
 def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
     """A connection closed at the end; losing it midway (the server went away, or went silent
-    past the dead-peer bound) is a PinError naming the server."""
+    past the dead-peer bound) is a PinError naming the server, and so is a schema this release's
+    statements do not find (a database never migrated, or migrated by an older release)."""
     conn = connect(dsn, autocommit=autocommit)
     try:
         yield conn
+    except UNMIGRATED as exc:
+        raise unmigrated(dsn, exc) from exc
     except psycopg.OperationalError as exc:
         if not conn.broken:
             raise

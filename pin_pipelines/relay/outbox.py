@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 
 from pin_pipelines.config import Settings
-from pin_pipelines.db import connect, queries
+from pin_pipelines.db import UNMIGRATED, connect, queries, unmigrated
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, ensure_topics
 from pin_pipelines.logs import log_event
@@ -109,6 +109,8 @@ class OutboxRelay:
             if horizon is not None:
                 self._relay_up_to(conn, horizon, summary, should_stop)
             summary.pending, summary.lag_seconds = Q.backlog(conn)
+        except UNMIGRATED as exc:
+            raise unmigrated(self.settings.pg_dsn, exc) from exc
         except psycopg.errors.LockNotAvailable as exc:
             raise PinError(
                 "the outbox stayed locked by another session (a relay?) for over"
