@@ -437,9 +437,10 @@ def _attempt(conn: psycopg.Connection, claim: _Claim, started: float) -> Project
                 claim.project_id, "skipped_archived", took, requested_count=claim.requested_count
             )
         elif work.outcome == "deferred":
-            # A row lock held elsewhere (contention is not a poison), or the claim is no longer
-            # this drain's (deleted or requeued by hand, or settled as abandoned after this
-            # drain stalled past retry_interval): then there is nothing to give back.
+            # A row lock held elsewhere (contention is not a poison): the attempt is given back.
+            # Or the claim is no longer this drain's (deleted or requeued by hand, or settled as
+            # abandoned after this drain stalled past retry_interval): release_claim, matching
+            # on claimed_at, then changes nothing.
             Q.release_claim(conn, **claim.release_params())
             result = ProjectResult(claim.project_id, "deferred", took)
         else:
