@@ -388,7 +388,11 @@ class _Cycle:
 
     def _assigned(self, consumer: Consumer, assignment: list[TopicPartition]) -> None:
         """The group's share of this loader: each partition from the committed offset, until the
-        high watermark of now (a cycle: those without work stay assigned, paused), or on."""
+        high watermark of now (a cycle: those without work stay assigned, paused), or on. An
+        assignment served by the close after the cycle takes nothing on: the consumer is being
+        destroyed, and its committed() failed the load with `_DESTROY` (CI, a backfill run)."""
+        if self.closing:
+            return
         topic = self.options.topic
         parts = [tp.partition for tp in assignment]
         committed = {tp.partition: tp.offset for tp in committed_offsets(consumer, topic, parts)}
