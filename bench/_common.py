@@ -3,10 +3,13 @@ drain measured the way a worker runs it."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,19 @@ BENCH_SQL = Path(__file__).resolve().parent / "sql"
 def bench_queries(name: str) -> Any:
     """Named queries of bench/sql/<name>.sql (aiosql, psycopg driver), as the product's are."""
     return aiosql.from_path(BENCH_SQL / f"{name}.sql", "psycopg")
+
+
+def log(message: str, **fields: Any) -> None:
+    """A progress line on stderr: a JSON object with the time, the message and `fields`."""
+    print(
+        json.dumps({"t": datetime.now().strftime("%H:%M:%S"), "msg": message, **fields}),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def fresh_database(name: str) -> str:

@@ -60,11 +60,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fresh_database, quantiles
+from _common import fresh_database, load_average, log, quantiles
 from bench_clickhouse_cluster import produce_stream, timed_load
 from bench_devstats import VISIBLE, Groups, fresh_options, produce, server_url
 from bench_relay import insert_events
-from bench_scale import load_average, log
 
 from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
 from pin_pipelines.clickhouse.literals import UuidSet
