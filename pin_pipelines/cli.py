@@ -82,7 +82,7 @@ def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.recalc.sample import load_sample
+    from pin_pipelines.recalc import load_sample
 
     _summary(load_sample(settings.pg_dsn, projects=args.projects))
 
@@ -91,7 +91,7 @@ def cmd_sample_load(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc
+    from pin_pipelines.recalc import RecalcReason, force_recalc
 
     by_name = {r.value.lower(): r for r in RecalcReason}
     reason = by_name.get(args.reason.lower())
@@ -104,7 +104,7 @@ def cmd_recalc_request(args: argparse.Namespace, settings: Settings) -> None:
 
 def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
     """SIGTERM/SIGINT finish the project in hand; the rest of the batch stays queued."""
-    from pin_pipelines.recalc.drain import drain_tick
+    from pin_pipelines.recalc import drain_tick
     from pin_pipelines.signals import stop_requested
 
     stop = stop_requested()
@@ -112,7 +112,7 @@ def cmd_recalc_drain(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_recalc_requeue(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.recalc.enqueue import requeue_poisoned
+    from pin_pipelines.recalc import requeue_poisoned
 
     requeue_poisoned(settings.pg_dsn, args.project_id)
     _summary({"requeued": str(args.project_id)})
@@ -135,7 +135,7 @@ def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.devstats.loader import LoadOptions, load_continuously, load_once
+    from pin_pipelines.devstats.loading import LoadOptions, load_continuously, load_once
     from pin_pipelines.signals import stop_requested
 
     if args.once:
@@ -147,8 +147,7 @@ def cmd_devstats_load(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_devstats_backfill(args: argparse.Namespace, settings: Settings) -> None:
-    from pin_pipelines.devstats.loader import backfill
-    from pin_pipelines.devstats.replay import IdRange
+    from pin_pipelines.devstats.loading import IdRange, backfill
 
     ids = IdRange(args.from_id, args.to_id)  # an empty range fails here, before any replay
     _summary(backfill(settings, ids=ids).as_dict())
@@ -156,10 +155,11 @@ def cmd_devstats_backfill(args: argparse.Namespace, settings: Settings) -> None:
 
 def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
     """An operator's read: the developer is named on the command line, so the Actor comes from
-    the operator's door (devstats/operator.py), which the read API cannot reach."""
+    the operator's door (devstats/operator.py, through `devstats.loading`), which the read API
+    cannot reach."""
     from pin_pipelines.clickhouse import open_clickhouse
-    from pin_pipelines.devstats.operator import operator_actor
-    from pin_pipelines.devstats.reads import labels
+    from pin_pipelines.devstats import labels
+    from pin_pipelines.devstats.loading import operator_actor
 
     if not args.ids:
         raise PinError("--ids needs at least one UUID")

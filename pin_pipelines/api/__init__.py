@@ -11,9 +11,10 @@ project's groups, for the developer a bearer token proves (spec 003, security).
 - `pool.py`   the connections to the dimension, lent one request at a time
 - `server.py` uvicorn and the /metrics listener until SIGTERM/SIGINT
 
-This package reads the dimension only through `devstats.reads` (an Actor per read). It cannot
-import the operator side — `devstats.dim` (the loader's guard and write), `devstats.operator`
-(the operator's Actor), the loader, the reconciliation: tests/unit/test_layering.py.
+This package reads the dimension only through `pin_pipelines.devstats`, the read side's face
+(the Actor and `devstats.reads`, an Actor per read). It cannot import the operator side —
+`devstats.dim` (the loader's guard and write), `devstats.operator` (the operator's Actor), the
+loader and its face `devstats.loading`, the reconciliation: tests/unit/test_layering.py.
 The server is imported lazily: `pin` loads FastAPI and uvicorn only for `pin api serve`.
 """
 

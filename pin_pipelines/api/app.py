@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pin_pipelines import devstats
 from pin_pipelines.api.auth import AuthError, TokenVerifier
 from pin_pipelines.api.observe import ApiMetrics, RequestLog
 from pin_pipelines.api.params import (
@@ -45,8 +46,7 @@ from pin_pipelines.api.params import (
 )
 from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.clickhouse import ClickHouse
-from pin_pipelines.devstats import reads
-from pin_pipelines.devstats.actor import Actor
+from pin_pipelines.devstats import Actor
 from pin_pipelines.errors import PinError, first_line
 
 log = logging.getLogger("pin_pipelines.api")
@@ -184,7 +184,7 @@ class _Reader:
         project_id = project_parameter(query.getlist("projectId"), required=False)
         request.state.ids = len(ids)
         with self._dimension() as ch:
-            found = reads.labels(ch, actor, ids, project_id)
+            found = devstats.labels(ch, actor, ids, project_id)
         # Encoded here: the body is a plain dict of strings, LabelsBody only documents it.
         return JSONResponse({"labels": found})
 
@@ -193,7 +193,7 @@ class _Reader:
         query = _query(request, ("projectId",))
         project_id = project_parameter(query.getlist("projectId"), required=True)
         with self._dimension() as ch:
-            found = reads.groups(ch, actor, project_id)
+            found = devstats.groups(ch, actor, project_id)
         return GroupsBody(
             groups=[
                 GroupBody(
@@ -209,7 +209,7 @@ class _Reader:
 
     def check(self) -> None:
         with self._dimension() as ch:
-            reads.readable(ch)
+            devstats.readable(ch)
 
     def authenticate(self, request: Request) -> None:
         """The token checked for an answer that reads nothing (AuthError: 401 or 403)."""

@@ -21,7 +21,7 @@ import jwt
 from jwt import exceptions as jwt_errors
 
 from pin_pipelines.api.jwks import ALGORITHMS, JwksCache, SigningKey
-from pin_pipelines.devstats.actor import Actor, ActorDoor
+from pin_pipelines.devstats import Actor, ActorDoor
 
 ROLE = "developer"
 PERMISSION = "dev-stats.view"

@@ -30,7 +30,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pin_pipelines.devstats.actor import Actor
+from pin_pipelines.devstats import Actor
 from pin_pipelines.errors import first_line
 from pin_pipelines.logs import log_event
 

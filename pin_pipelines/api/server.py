@@ -36,7 +36,7 @@ from pin_pipelines.api.observe import ApiMetrics
 from pin_pipelines.api.params import MAX_QUERY_BYTES
 from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats.reads import readable
+from pin_pipelines.devstats import readable
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.logs import log_event
 from pin_pipelines.signals import stop_requested

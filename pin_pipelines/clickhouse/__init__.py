@@ -2,7 +2,9 @@
 protocol).
 
 `open_clickhouse(url)` picks the backend from `PIN_CLICKHOUSE_URL`; `migrate_clickhouse` applies
-the DDL in `sql/clickhouse/`, downgraded in one place (`legacy.py`) for Debian's 18.16 server.
+the DDL in `sql/clickhouse/`, downgraded in one place (`legacy.py`) for Debian's 18.16 server;
+`named_queries` reads a query file of `sql/clickhouse/queries/`, and `UuidSet` passes many UUIDs
+to `IN` the cheapest way the backend has.
 """
 
 from __future__ import annotations
@@ -15,17 +17,22 @@ from pin_pipelines.clickhouse.client import (
     ClickHouseUnavailable,
     Row,
 )
+from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.clickhouse.migrate import migrate_clickhouse
+from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
 from pin_pipelines.clickhouse.url import DATABASE, ServerAddress, parse_clickhouse_url
 
 __all__ = [
+    "CLICKHOUSE_SQL_DIR",
     "DATABASE",
     "ClickHouse",
     "ClickHouseError",
     "ClickHouseUnavailable",
     "Row",
     "ServerAddress",
+    "UuidSet",
     "migrate_clickhouse",
+    "named_queries",
     "open_clickhouse",
     "parse_clickhouse_url",
 ]

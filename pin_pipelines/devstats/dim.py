@@ -16,9 +16,7 @@ import hashlib
 from collections.abc import Collection, Iterable
 from uuid import UUID
 
-from pin_pipelines.clickhouse import ClickHouse
-from pin_pipelines.clickhouse.literals import UuidSet
-from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
+from pin_pipelines.clickhouse import CLICKHOUSE_SQL_DIR, ClickHouse, UuidSet, named_queries
 from pin_pipelines.devstats import reads
 from pin_pipelines.devstats.actor import Actor
 from pin_pipelines.devstats.events import COLUMNS, LayoutGroupUpserted

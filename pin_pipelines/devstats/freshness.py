@@ -13,11 +13,9 @@ from pin_pipelines.config import Settings
 from pin_pipelines.devstats.offsets import (
     DEFAULT_GROUP,
     KAFKA_TIMEOUT,
-    committed_offsets,
-    first_unloaded,
     kafka_consumer,
     topic_partitions,
-    watermarks,
+    unloaded_ranges,
 )
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 
@@ -41,14 +39,11 @@ def unloaded_events(
         partitions = topic_partitions(consumer, topic)
         if not partitions:
             return lag
-        committed = committed_offsets(consumer, topic, partitions)
         behind: list[TopicPartition] = []
-        for tp in committed:
-            low, high = watermarks(consumer, topic, tp.partition)
-            start = first_unloaded(tp.offset, low, high)
-            lag.per_partition[tp.partition] = high - start
+        for p, (start, high) in unloaded_ranges(consumer, topic, partitions).items():
+            lag.per_partition[p] = high - start
             if high > start:
-                behind.append(TopicPartition(topic, tp.partition, start))
+                behind.append(TopicPartition(topic, p, start))
         lag.events = sum(lag.per_partition.values())
         if behind:
             consumer.assign(behind)

@@ -19,56 +19,50 @@ A message is unreadable when its value is not a contract event or its key is not
 Reads are read_committed (the relay writes in Kafka transactions); a partition read to its end has
 that end committed, past the transaction markers that no message stands for.
 
-An insert is sent, and its answer awaited only when its connection is needed again: the server
-stores one batch while this process decodes, guards and sends the next. On a server two inserts
-are in flight, each on a connection of its own (`ClickHouse.inserts_in_flight`); the embedded
-engine stores while it is sent. Batches are confirmed in the order they were sent, and only then
-their DLQ messages go and their offsets become committable. A batch that has a group of a batch in
-flight waits for it: a group's versions are stored in order (see _Cycle._next).
+The consume loop and the group's callbacks are `_Cycle`'s; below it, as data: the batch in hand
+(batches.py), the inserts in flight (inserts.py: two on a server, confirmed in the order sent,
+a group's versions in order) and each partition's progress (progress.py). A batch's DLQ messages
+go and its offsets become committable only once its insert is confirmed (`_Confirmations`).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import random
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from pin_pipelines.clickhouse import ClickHouse, ClickHouseUnavailable, open_clickhouse
+from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
+from pin_pipelines.devstats.batches import Batch, BatchBuffer, position
 from pin_pipelines.devstats.counters import record_loader_batch
-from pin_pipelines.devstats.dim import insert_events, stored_versions
 from pin_pipelines.devstats.dlq import DeadLetters
-from pin_pipelines.devstats.events import (
-    BadEvent,
-    LayoutGroupUpserted,
-    newest_per_group,
-    parse_message,
-)
+from pin_pipelines.devstats.inserts import InsertPipeline
 from pin_pipelines.devstats.offsets import (
     DEFAULT_GROUP,
+    OffsetCommits,
     RenewableConsumer,
     commit_offsets,
     committed_offsets,
     first_unloaded,
     kafka_consumer,
-    no_longer_a_member,
     topic_partitions,
+    unloaded_ranges,
     watermarks,
 )
+from pin_pipelines.devstats.progress import PartitionProgress
 from pin_pipelines.devstats.replay import EVERY_GROUP, IdRange, RangedReplay
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
-from pin_pipelines.quantiles import quantile
+from pin_pipelines.quantiles import Reservoir
 from pin_pipelines.tracing import links_to, tracer, tracing_enabled
+from pin_pipelines.worker import Budget, never
 
 log = logging.getLogger("pin_pipelines.devstats")
 
@@ -96,7 +90,7 @@ class LoadOptions:
     backoff_seconds: float = 0.5
     #: Checked between polls: the cycle stores and commits the batch in hand and ends early
     #: (`complete: false`), like at max_seconds (a clean stop of `pin serve`).
-    should_stop: Callable[[], bool] = lambda: False
+    should_stop: Callable[[], bool] = never
 
 
 #: Samples kept for the freshness quantiles of a load (a uniform sample of its inserted events).
@@ -123,9 +117,34 @@ class LoadSummary:
     freshness_p50_seconds: float | None = None
     freshness_p99_seconds: float | None = None
     freshness_max_seconds: float | None = None
+    #: The freshness of a uniform sample of the inserted events, for the quantiles above.
+    freshness: Reservoir = field(
+        default_factory=lambda: Reservoir(FRESHNESS_SAMPLES), repr=False, compare=False
+    )
+
+    def add(self, batch: Batch) -> None:
+        """A stored batch's counts and freshness."""
+        self.batches += 1
+        self.consumed += batch.size
+        self.inserted += len(batch.fresh)
+        self.skipped_stale += batch.stale
+        self.dead_lettered += len(batch.bad)
+        self.skipped_out_of_range += batch.outside
+        for seconds in batch.freshness():
+            self.freshness.add(seconds)
+
+    def end(self, lag: dict[int, int], started: float) -> None:
+        """The load is over: what it left, how long it took, its freshness quantiles."""
+        self.lag = lag
+        self.seconds = round(time.monotonic() - started, 3)
+        self.freshness_p50_seconds = self.freshness.quantile(0.5)
+        self.freshness_p99_seconds = self.freshness.quantile(0.99)
+        self.freshness_max_seconds = self.freshness.max
 
     def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "lag": {str(p): n for p, n in sorted(self.lag.items())}}
+        data = {**asdict(self), "lag": {str(p): n for p, n in sorted(self.lag.items())}}
+        del data["freshness"]
+        return data
 
 
 def load_once(settings: Settings, options: LoadOptions | None = None) -> LoadSummary:
@@ -162,8 +181,15 @@ def _load(
             more_connections.enter_context(open_clickhouse(settings.clickhouse_url))
             for _ in range(ch.inserts_in_flight - 1)
         ]
+        inserts = InsertPipeline(writers, options.attempts, options.backoff_seconds)
+        confirmed = _Confirmations(
+            PartitionProgress(continuous),
+            OffsetCommits(lambda: consumers.current, options.topic),
+            DeadLetters(settings.kafka_bootstrap, options.dlq_topic),
+            counters,
+        )
         summary = _Cycle(
-            writers, consumers, settings.kafka_bootstrap, options, continuous, counters, replay
+            inserts, confirmed, consumers, settings.kafka_bootstrap, options, replay
         ).run()
     counters.record()
     return summary
@@ -231,488 +257,257 @@ def _passed(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]]) -
     return {tp.partition: first_unloaded(tp.offset, *marks[tp.partition]) for tp in committed}
 
 
-@dataclass
-class _Batch:
-    """A consumed batch, decoded; its insert may still be on its way (_Cycle.in_flight)."""
-
-    newest: dict[int, LayoutGroupUpserted]  # see newest_per_group
-    bad: list[tuple[Message, str]]  # unreadable messages and why, for the DLQ
-    ends: dict[int, int]  # partition → offset after the batch's last message
-    size: int  # messages
-    decoded: int  # readable events to guard, superseded ones included
-    outside: int  # readable events of groups a ranged backfill leaves out (RangedReplay)
-    started: float = field(default_factory=time.monotonic)
-    fresh: list[LayoutGroupUpserted] = field(default_factory=list)  # newer than stored: inserted
-    #: Group → Kafka timestamp (ms) of the message whose event `newest` kept.
-    produced_ms: dict[int, int] = field(default_factory=dict)
-    #: The recalcs that wrote these events (their `traceparent` headers), when tracing is on.
-    origins: list[bytes] = field(default_factory=list)
-    started_ns: int = field(default_factory=time.time_ns)
-
-
-def _decode(
-    messages: Sequence[Message], ends: dict[int, int], replay: RangedReplay | None
-) -> _Batch:
-    events: list[LayoutGroupUpserted] = []
-    readable: list[Message] = []
-    bad: list[tuple[Message, str]] = []
-    outside = 0
-    for msg in messages:
-        try:
-            event = parse_message(msg.key(), msg.value())
-        except BadEvent as exc:
-            bad.append((msg, str(exc)))
-        else:
-            if replay is not None and replay.skips(event.id, *_position(msg)):
-                outside += 1
-            else:
-                events.append(event)
-                readable.append(msg)
-    newest = newest_per_group(events)
-    batch = _Batch(newest, bad, ends, len(messages), len(events), outside)
-    for event, msg in zip(events, readable, strict=True):
-        key = event.id.int
-        if newest[key] is event:
-            batch.produced_ms[key] = msg.timestamp()[1]
-    if tracing_enabled():
-        batch.origins = [
-            header[1]
-            for msg in messages
-            for header in msg.headers() or []
-            if header[0] == "traceparent" and isinstance(header[1], bytes)
-        ]
-    return batch
-
-
 class _Cycle:
     """One load: `continuous` reads every assigned partition on, past its watermark, until the
-    deadline or a stop; otherwise each up to the watermark it had when assigned."""
+    deadline or a stop; otherwise each up to the watermark it had when assigned. The consume loop
+    and the group's callbacks are here; the batches, their inserts and the partitions' progress
+    are data below it (batches.py, inserts.py, progress.py)."""
 
     def __init__(
         self,
-        writers: list[ClickHouse],
+        inserts: InsertPipeline,
+        confirmed: _Confirmations,
         consumers: RenewableConsumer,
         bootstrap: str,
         options: LoadOptions,
-        continuous: bool,
-        counters: _Counters,
         replay: RangedReplay | None,
     ) -> None:
-        self.consumers = consumers
-        self.bootstrap = bootstrap
-        self.options = options
-        self.continuous = continuous
-        self.counters = counters
-        self.replay = replay
-        self.summary = LoadSummary()
-        self.deadline = time.monotonic() + options.max_seconds
-        #: Produced → visible of inserted events, seconds: a uniform sample of `freshness_seen`.
-        self.freshness: list[float] = []
-        self.freshness_seen = 0
-        self.freshness_max: float | None = None
-        self.dead_letters = DeadLetters(bootstrap, options.dlq_topic)
-        self.applied: dict[int, int] = {}  # partition → next offset, once its batch is stored
-        self.sent_commit: dict[int, int] = {}  # `applied` when last committed asynchronously
-        #: Versions this cycle stored or read, by the group's UUID as an int (see
-        #: newest_per_group): a group seen again skips the guard query, which costs about as much
-        #: as the insert. A group's events are in one partition, and this loader is the only one
-        #: that writes its partitions while they are assigned; forgotten when they are revoked.
-        self.known_versions: dict[int, int] = {}
-        #: Batches whose insert was sent and not confirmed yet, oldest first, each with the
-        #: connection it went on; and the connections with no insert in flight.
-        self.in_flight: deque[tuple[_Batch, ClickHouse]] = deque()
-        self.free_writers: deque[ClickHouse] = deque(writers)
-        #: Of the partitions assigned now: partition → high watermark when assigned, until read
-        #: up to it; partition → next offset to read; partition → where it was finished.
-        self.pending: dict[int, int] = {}
-        self.nexts: dict[int, int] = {}
-        self.reached: dict[int, int] = {}
-        self.assigned = False  # the group gave this loader its share (maybe none)
-        self.closing = False  # the cycle is over: the consumer's close revokes, nothing to do
-        #: A synchronous commit failed after waiting COMMIT_TIMEOUT for the group's coordinator:
-        #: the cycle is failing, and its end's commit would only wait as long again.
-        self.commit_failed = False
-        #: Consumed, not decoded yet; partition → offset after its last message there.
-        self.buffer: list[Message] = []
-        self.buffer_ends: dict[int, int] = {}
+        self.inserts, self.confirmed, self.progress = inserts, confirmed, confirmed.progress
+        self.bootstrap, self.options, self.replay = bootstrap, options, replay
+        self.continuous = self.progress.continuous
+        self.budget = Budget(options.max_seconds, options.should_stop)
+        self.buffer = BatchBuffer(options.batch_size, options.batch_seconds)
+        callbacks = {"on_assign": self._assigned, "on_revoke": self._revoked, "on_lost": self._lost}
+        self.group = _Membership(consumers, bootstrap, options, callbacks)
 
     @property
     def consumer(self) -> Consumer:
-        return self.consumers.current
+        return self.group.consumers.current
 
     def run(self) -> LoadSummary:
         started = time.monotonic()
         partitions = topic_partitions(self.consumer, self.options.topic)
         if partitions:
-            self._subscribe()
+            self.group.join()
             try:
                 self._consume()
             finally:
-                self.closing = True
-        self.summary.lag = self._lag(partitions)
+                self.group.closing = True
+        unloaded = unloaded_ranges(self.consumer, self.options.topic, partitions)
+        summary = self.confirmed.summary
+        summary.end({p: high - start for p, (start, high) in unloaded.items()}, started)
         if self.continuous:
-            self.summary.complete = not any(self.summary.lag.values())
-        self.summary.seconds = round(time.monotonic() - started, 3)
-        ranked = sorted(self.freshness)
-        self.summary.freshness_p50_seconds = quantile(ranked, 0.5)
-        self.summary.freshness_p99_seconds = quantile(ranked, 0.99)
-        self.summary.freshness_max_seconds = self.freshness_max
-        return self.summary
-
-    def _subscribe(self) -> None:
-        self.consumer.subscribe(
-            [self.options.topic],
-            on_assign=self._assigned,
-            on_revoke=self._revoked,
-            on_lost=self._lost,
-        )
-
-    def _rejoin(self) -> None:
-        """A continuous load out of its group for JOIN_TIMEOUT (its session lost across a
-        partition, the coordinator moved): a new consumer joins in its place. What the old one
-        stored is committed (a revoke) or replayed by its partitions' next owner (a loss), and
-        the version guard skips it either way."""
-        log.warning(
-            "Kafka at %s: group %s assigned no partitions within %gs; joining it again with a "
-            "new consumer",
-            self.bootstrap,
-            self.options.group,
-            JOIN_TIMEOUT,
-        )
-        self.closing = True  # the old consumer's close has nothing of this load's to revoke
-        try:
-            self.consumers.renew()
-        finally:
-            self.closing = False
-        self._subscribe()
+            summary.complete = not any(summary.lag.values())
+        return summary
 
     def _assigned(self, consumer: Consumer, assignment: list[TopicPartition]) -> None:
         """The group's share of this loader: each partition from the committed offset, until the
         high watermark of now (a cycle: those without work stay assigned, paused), or on. An
         assignment served by the close after the cycle takes nothing on: the consumer is being
         destroyed, and its committed() failed the load with `_DESTROY` (CI, a backfill run)."""
-        if self.closing:
+        if self.group.closing:
             return
         topic = self.options.topic
         parts = [tp.partition for tp in assignment]
-        committed = {tp.partition: tp.offset for tp in committed_offsets(consumer, topic, parts)}
-        positions, idle = [], []
-        for p in parts:
-            low, high = watermarks(consumer, topic, p)
-            start = first_unloaded(committed.get(p, -1), low, high)
-            if committed.get(p, -1) > high:
-                log.warning(
-                    "committed offset %s of %s[%s] is past its end %s: replaying from %s",
-                    committed[p],
-                    topic,
-                    p,
-                    high,
-                    low,
-                )
-            positions.append(TopicPartition(topic, p, start))
-            if self.continuous:
-                continue
-            if start < high:
-                self.pending[p], self.nexts[p] = high, start
-            else:
-                idle.append(TopicPartition(topic, p))
-        consumer.assign(positions)
+        ranges = unloaded_ranges(consumer, topic, parts, warn_past_end=True)
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+        idle = [
+            TopicPartition(topic, p)
+            for p, (start, high) in ranges.items()
+            if not self.progress.expect(p, start, high)
+        ]
         if idle:
             consumer.pause(idle)
-        self.assigned = True
+        self.group.assigned = True
 
-    def _revoked(self, consumer: Consumer, _revoking: list[TopicPartition]) -> None:
+    def _revoked(self, _consumer: Consumer, _revoking: list[TopicPartition]) -> None:
         """A rebalance takes the partitions (eager: all of them): store the batch in hand, commit
         what is stored, then let them go. The next owner resumes at the committed offsets. At the
         close after the cycle everything is committed already (or failed: nothing to add)."""
-        if self.closing:
+        if self.group.closing:
             return
-        if self.buffer:
-            self._flush()
-        self._settle_in_flight()
-        self._skip_undelivered(self.reached)
-        self._commit_applied(asynchronous=False)
+        self._store_everything()
+        self.confirmed.commit(asynchronous=False)
         self._forget_assignment()
 
     def _lost(self, _consumer: Consumer, _lost: list[TopicPartition]) -> None:
         """The session expired: the partitions are another loader's already, and a commit would
         be refused. What was not committed is replayed by the new owner (the guard skips it)."""
-        while self.in_flight:
-            _batch, writer = self.in_flight.popleft()
-            with suppress(ClickHouseUnavailable):
-                writer.confirm_insert()
-            self.free_writers.append(writer)
+        self.inserts.abandon()
         self._forget_assignment()
 
     def _forget_assignment(self) -> None:
-        """Versions cached may be overtaken by the next owner of a partition: read them again."""
-        self.buffer, self.buffer_ends = [], {}
-        for state in (self.pending, self.nexts, self.reached, self.applied, self.known_versions):
-            state.clear()
-        self.assigned = False
+        self.buffer.clear()
+        self.progress.forget()
+        self.inserts.forget_versions()
+        self.group.assigned = False
 
     def _consume(self) -> None:
         """Poll until every assigned partition reached its watermark (a cycle), the deadline
-        passed or `should_stop` (both modes).
-
-        Asking `consume` for no more than is left makes it return as soon as that has arrived,
-        instead of waiting out its timeout for a full batch. What is left can be overcounted
-        (transaction markers take offsets and are never handed out), so the timeout is short: it
-        bounds the wait at a partition's end, and a call that returns early only loops.
-        """
+        passed or `should_stop` (both modes), then store what is in hand and commit."""
         try:
-            self._drain()
+            self._poll_until_done()
+            self._store_everything()
         finally:  # keep the progress of stored batches, also when a later batch fails
-            self._commit_applied(asynchronous=False)
-        self.summary.complete = self.assigned and not self.pending
+            self.confirmed.commit(asynchronous=False)
+        self.confirmed.summary.complete = self.group.assigned and not self.progress.pending
 
-    def _drain(self) -> None:
-        pending, nexts = self.pending, self.nexts
-        batch_started = 0.0
-        unassigned_since = time.monotonic()
-        while (
-            (self.continuous or pending or not self.assigned)
-            and time.monotonic() < self.deadline
-            and not self.options.should_stop()
-        ):
-            if self.assigned:
-                unassigned_since = time.monotonic()
-            elif time.monotonic() - unassigned_since > JOIN_TIMEOUT:
-                if self.continuous:
-                    self._rejoin()
-                    unassigned_since = time.monotonic()
-                    continue
-                raise PinError(
-                    f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
-                    f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
-                    "batches are committed, the next run resumes from there"
-                )
-            room = self.options.batch_size - len(self.buffer)
-            left = room if self.continuous else sum(pending[p] - nexts[p] for p in pending)
-            wanted = max(1, min(room, left))
+    def _poll_until_done(self) -> None:
+        """Asking `consume` for no more than is left makes it return as soon as that arrived,
+        not after its timeout. What is left can be overcounted (transaction markers take offsets
+        and are never handed out), so the timeout is short: a call that returns early loops."""
+        while (self.progress.more_coming or not self.group.assigned) and not self.budget.stopping():
+            if self.group.rejoined_when_overdue(continuous=self.continuous):
+                continue
+            left = self.buffer.room if self.continuous else self.progress.left()
+            wanted = max(1, min(self.buffer.room, left))
             messages = self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT)
             for msg in messages:
-                err = msg.error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
-                p, offset = _position(msg)
-                if self.continuous:
-                    if err is None:
-                        batch_started = batch_started if self.buffer else time.monotonic()
-                        self.buffer.append(msg)
-                        self.buffer_ends[p] = offset + 1
-                    else:  # at the partition's end: committable once all before it is stored
-                        self.reached[p] = offset
-                    continue
-                if p not in pending:
-                    continue  # past its start watermark: left for the next cycle
-                if err is None and offset < pending[p]:
-                    batch_started = batch_started if self.buffer else time.monotonic()
-                    self.buffer.append(msg)
-                    nexts[p] = self.buffer_ends[p] = offset + 1
-                if err is not None or offset + 1 >= pending[p]:
-                    # An end-of-partition event carries the end; a newer message, its own offset.
-                    end = offset if err is not None or offset >= pending[p] else offset + 1
-                    self.reached[p] = end
-                    del pending[p]
-                    self.consumer.pause([TopicPartition(self.options.topic, p)])
-            full = len(self.buffer) >= self.options.batch_size
-            due = time.monotonic() - batch_started >= self.options.batch_seconds
-            if self.buffer and (full or due or not (pending or self.continuous)):
-                self._flush()
+                self._take(msg)
+            if self.buffer.ready(more_coming=self.progress.more_coming):
+                self._send(self.buffer.take(self.replay))
             elif not (messages or self.buffer) and self.continuous:
                 self._caught_up()
-        if self.buffer:
-            self._flush()
-        self._settle_in_flight()
-        self._skip_undelivered(self.reached)
+
+    def _take(self, msg: Message) -> None:
+        """A consumed message into the batch in hand, an end-of-partition event into the
+        progress; a bounded cycle pauses a partition read up to its start watermark."""
+        err = msg.error()
+        if err is not None and err.code() != KafkaError._PARTITION_EOF:
+            raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
+        p, offset = position(msg)
+        load, finished = self.progress.read(p, offset, at_end=err is not None)
+        if load:
+            self.buffer.add(msg, p, offset)
+        if finished:
+            self.consumer.pause([TopicPartition(self.options.topic, p)])
 
     def _caught_up(self) -> None:
         """Nothing arrived, nothing is waiting: confirm the batch in flight (it would otherwise
         wait for the next one) and commit up to where the partitions were read (past the
-        transaction markers, see _skip_undelivered)."""
-        self._settle_in_flight()
-        self._skip_undelivered(self.reached)
-        self.reached.clear()
-        self._commit_applied(asynchronous=True)
-        self.counters.record_if_due()
+        transaction markers, see PartitionProgress.skip_undelivered)."""
+        self._store_everything()
+        self.progress.reached.clear()
+        self.confirmed.commit(asynchronous=True)
+        self.confirmed.counters.record_if_due()
 
-    def _flush(self) -> None:
-        batch = _decode(self.buffer, self.buffer_ends, self.replay)
-        self.buffer, self.buffer_ends = [], {}
-        self._next(batch)
+    def _store_everything(self) -> None:
+        if self.buffer:
+            self._send(self.buffer.take(self.replay))
+        self.confirmed.take(self.inserts.settle())
+        self.progress.skip_undelivered()
 
-    def _skip_undelivered(self, reached: dict[int, int]) -> None:
-        """Every batch is stored: a finished partition's offset moves to where it was finished.
+    def _send(self, batch: Batch) -> None:
+        self.confirmed.take(self.inserts.send(batch))
 
-        A read_committed consumer is never handed a transaction's commit or abort marker nor an
-        aborted transaction's events, yet they take offsets; committing only past the last loaded
-        event would leave them as lag that every cycle reads again (a marker ends every
-        transaction of the relay).
-        """
-        for p, end in reached.items():
-            if end > self.applied.get(p, -1):
-                self.applied[p] = end
 
-    def _commit_applied(self, *, asynchronous: bool) -> None:
+class _Membership:
+    """The load's place in its consumer group: joined with the load's rebalance callbacks and
+    watched for its assignment. A bounded cycle unassigned for JOIN_TIMEOUT ends with one line;
+    a continuous load joins again with a new consumer (`_rejoin`)."""
+
+    def __init__(
+        self,
+        consumers: RenewableConsumer,
+        bootstrap: str,
+        options: LoadOptions,
+        callbacks: Mapping[str, Callable[[Consumer, list[TopicPartition]], None]],
+    ) -> None:
+        self.consumers, self.bootstrap, self.options = consumers, bootstrap, options
+        self.callbacks = callbacks
+        self.assigned = False  # the group gave this loader its share (maybe none)
+        self.closing = False  # the load is over: the consumer's close revokes, nothing to do
+        self.unassigned_since = time.monotonic()
+
+    def join(self) -> None:
+        self.unassigned_since = time.monotonic()
+        self.consumers.current.subscribe([self.options.topic], **self.callbacks)
+
+    def rejoined_when_overdue(self, *, continuous: bool) -> bool:
+        """Unassigned for JOIN_TIMEOUT: a bounded cycle fails, a continuous load joins again
+        (True: nothing to poll on this turn)."""
+        if self.assigned:
+            self.unassigned_since = time.monotonic()
+            return False
+        if time.monotonic() - self.unassigned_since <= JOIN_TIMEOUT:
+            return False
+        if not continuous:
+            raise PinError(
+                f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
+                f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
+                "batches are committed, the next run resumes from there"
+            )
+        self._rejoin()
+        return True
+
+    def _rejoin(self) -> None:
+        """Out of the group for JOIN_TIMEOUT (the session lost across a partition, the
+        coordinator moved): a new consumer joins in the old one's place. What the old one stored
+        is committed (a revoke) or replayed by its partitions' next owner (a loss), and the
+        version guard skips it either way."""
+        log.warning(
+            "Kafka at %s: group %s assigned no partitions within %gs; joining it again with a "
+            "new consumer",
+            *(self.bootstrap, self.options.group, JOIN_TIMEOUT),
+        )
+        self.closing = True  # the old consumer's close has nothing of this load's to revoke
+        try:
+            self.consumers.renew()
+        finally:
+            self.closing = False
+        self.join()
+
+
+class _Confirmations:
+    """What follows a batch's storing, batch by batch in the order they were sent: its
+    unreadable messages go to the DLQ, then its offsets become committable (and are committed
+    asynchronously), then it is counted and traced."""
+
+    def __init__(
+        self,
+        progress: PartitionProgress,
+        commits: OffsetCommits,
+        dead_letters: DeadLetters,
+        counters: _Counters,
+    ) -> None:
+        self.progress, self.commits = progress, commits
+        self.dead_letters, self.counters = dead_letters, counters
+        self.summary = LoadSummary()
+
+    def take(self, confirmed: Iterable[Batch]) -> None:
+        for batch in confirmed:
+            self.dead_letters.send(batch.bad)
+            self.progress.stored(batch.ends)
+            self.commit(asynchronous=True)
+            self.summary.add(batch)
+            self.counters.add(len(batch.fresh), batch.stale)
+            self.counters.record_if_due()
+            _trace(batch, self.commits.topic)
+
+    def commit(self, *, asynchronous: bool) -> None:
         """Commit what is stored: asynchronously after each batch (a lost commit only replays
         applied events, which the guard skips), synchronously at the end, covering them all."""
-        offsets = [TopicPartition(self.options.topic, p, o) for p, o in self.applied.items()]
         if asynchronous:
-            if offsets and self.applied != self.sent_commit:  # an idle poll has nothing new
-                self.consumer.commit(offsets=offsets, asynchronous=True)
-                self.sent_commit = dict(self.applied)
-        elif offsets and not self.commit_failed:
-            try:
-                commit_offsets(self.consumer, offsets)
-            except (KafkaException, PinError) as exc:
-                if not no_longer_a_member(exc):
-                    self.commit_failed = True
-                    raise
-                # Like _lost: the stored batches are replayed by the partitions' next owner (this
-                # loader after it rejoins, or another), and the version guard skips them.
-                log.warning(
-                    "offsets not committed, the group moved on without this loader: %s",
-                    exc.args[0].str(),
-                )
-
-    def _next(self, batch: _Batch) -> None:
-        """Send this batch's insert on a connection with none in flight, confirming the oldest
-        batches in flight first while there is no such connection or while one of them has a
-        group of this batch.
-
-        The second wait keeps a group's versions stored in the order they were consumed, as with
-        one connection: among rows of equal UpsertedAt (whole seconds on 18.16) ReplacingMergeTree
-        keeps the last inserted, which must be the newest version (dim_layout_group.sql). It also
-        lets the guard ignore the batches in flight: they hold none of this batch's groups."""
-        while self.in_flight and (not self.free_writers or self._shares_a_group(batch)):
-            self._settle_oldest()
-        writer = self.free_writers.popleft()
-        try:
-            self._write(batch, writer)
-        except ClickHouseUnavailable as exc:
-            self._settle_in_flight()  # the batches sent before this one finish first
-            self._retrying(batch, writer, exc)
-            self._finish(batch)
-            self.free_writers.append(writer)
+            self.commits.send(self.progress.unsent())
         else:
-            self.in_flight.append((batch, writer))
+            self.commits.commit(self.progress.applied)
 
-    def _shares_a_group(self, batch: _Batch) -> bool:
-        return any(not batch.newest.keys().isdisjoint(sent.newest) for sent, _ in self.in_flight)
 
-    def _settle_in_flight(self) -> None:
-        while self.in_flight:
-            self._settle_oldest()
-
-    def _settle_oldest(self) -> None:
-        batch, writer = self.in_flight.popleft()
-        try:
-            writer.confirm_insert()
-        except ClickHouseUnavailable as exc:
-            self._retrying(batch, writer, exc)
-        else:
-            self._remember(batch)
-        self.free_writers.append(writer)
-        self._finish(batch)
-
-    def _write(self, batch: _Batch, writer: ClickHouse) -> None:
-        """Guard and send the insert (the first attempt). The stored versions are read again on
-        every attempt: an insert that landed before its answer was lost is then skipped, not
-        stored twice."""
-        known = self.known_versions
-        unseen = [e.id for key, e in batch.newest.items() if key not in known]
-        if unseen:
-            known.update(stored_versions(writer, unseen))
-        batch.fresh = [e for key, e in batch.newest.items() if e.version > known.get(key, -1)]
-        if batch.fresh:
-            insert_events(writer, batch.fresh)
-
-    def _remember(self, batch: _Batch) -> None:
-        """The batch is stored: its versions are known, and its events visible from now."""
-        self.known_versions.update((e.id.int, e.version) for e in batch.fresh)
-        visible_ms = time.time() * 1000
-        for event in batch.fresh:
-            lag = round(max(0.0, visible_ms - batch.produced_ms[event.id.int]) / 1000, 6)
-            self.freshness_max = max(lag, self.freshness_max or 0.0)
-            self.freshness_seen += 1
-            if len(self.freshness) < FRESHNESS_SAMPLES:
-                self.freshness.append(lag)
-            else:  # a uniform sample of all of them (reservoir)
-                slot = random.randrange(self.freshness_seen)
-                if slot < FRESHNESS_SAMPLES:
-                    self.freshness[slot] = lag
-
-    def _finish(self, batch: _Batch) -> None:
-        """The batch is stored: its unreadable messages go to the DLQ, then its offsets become
-        committable."""
-        self.dead_letters.send(batch.bad)
-        self.applied.update(batch.ends)
-        self._commit_applied(asynchronous=True)
-        self.summary.batches += 1
-        self.summary.consumed += batch.size
-        self.summary.inserted += len(batch.fresh)
-        self.summary.skipped_stale += batch.decoded - len(batch.fresh)
-        self.summary.dead_lettered += len(batch.bad)
-        self.summary.skipped_out_of_range += batch.outside
-        self.counters.add(len(batch.fresh), batch.decoded - len(batch.fresh))
-        self.counters.record_if_due()
-        if tracing_enabled():  # from its decoding to its offsets, linked to its recalcs
-            span = tracer().start_span(
-                "devstats.load_batch",
-                start_time=batch.started_ns,
-                links=links_to(batch.origins),
-                attributes={
-                    "topic": self.options.topic,
-                    "messages": batch.size,
-                    "inserted": len(batch.fresh),
-                    "dead_lettered": len(batch.bad),
-                },
-            )
-            span.end()
-
-    def _retrying(self, batch: _Batch, writer: ClickHouse, failed: ClickHouseUnavailable) -> None:
-        """Attempts 2, 3, … of a batch whose first attempt (guard, sent insert) failed, waiting
-        0.5 s, 1 s, 2 s, … before each; each waits for the server's answer (a silent server is
-        found by keepalive within DEAD_PEER_SECONDS: clickhouse/server.py)."""
-        attempts = 1
-        while attempts < self.options.attempts:
-            # The failed insert may have landed or not: the guard must read, not trust memory.
-            for key in batch.newest:
-                self.known_versions.pop(key, None)
-            wait = self.options.backoff_seconds * 2 ** (attempts - 1)
-            log.warning(
-                "ClickHouse insert failed (attempt %d: %s); trying again in %gs",
-                attempts,
-                failed,
-                wait,
-            )
-            time.sleep(wait)
-            attempts += 1
-            try:
-                self._write(batch, writer)
-                writer.confirm_insert()
-            except ClickHouseUnavailable as exc:
-                failed = exc
-            else:
-                self._remember(batch)
-                return
-        raise ClickHouseUnavailable(
-            f"{failed} (gave up after {attempts} attempts in "
-            f"{time.monotonic() - batch.started:.1f}s; this batch's offsets are not "
-            "committed, the next run replays it)"
-        ) from failed
-
-    def _lag(self, partitions: Sequence[int]) -> dict[int, int]:
-        if not partitions:
-            return {}
-        topic = self.options.topic
-        committed = committed_offsets(self.consumer, topic, partitions)
-        lag = {}
-        for tp in committed:
-            low, high = watermarks(self.consumer, topic, tp.partition)
-            lag[tp.partition] = high - first_unloaded(tp.offset, low, high)
-        return lag
+def _trace(batch: Batch, topic: str) -> None:
+    """A span from the batch's decoding to its offsets, linked to the recalcs that wrote it."""
+    if tracing_enabled():
+        span = tracer().start_span(
+            "devstats.load_batch",
+            start_time=batch.started_ns,
+            links=links_to(batch.origins),
+            attributes={
+                "topic": topic,
+                "messages": batch.size,
+                "inserted": len(batch.fresh),
+                "dead_lettered": len(batch.bad),
+            },
+        )
+        span.end()
 
 
 @contextmanager
@@ -730,9 +525,3 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
-
-
-def _position(msg: Message) -> tuple[int, int]:
-    """Partition and offset (the stubs allow None, which only error events without one carry)."""
-    partition, offset = msg.partition(), msg.offset()
-    return (-1 if partition is None else partition), (-1 if offset is None else offset)

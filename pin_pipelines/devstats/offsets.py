@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -221,6 +221,59 @@ def commit_offsets(consumer: Consumer, offsets: list[TopicPartition]) -> None:
     for tp in done or []:
         if tp.error is not None:
             raise PinError(f"committing offset {tp.offset} of partition {tp.partition}: {tp.error}")
+
+
+class OffsetCommits:
+    """A load's commits of its stored offsets (partition → next offset) on the consumer it
+    holds now (`consumer`: a continuous load may renew it): asynchronously after each batch, a
+    lost one only replays applied events, which the guard skips; synchronously at the end and
+    before a revoke, covering them all."""
+
+    def __init__(self, consumer: Callable[[], Consumer], topic: str) -> None:
+        self.consumer, self.topic = consumer, topic
+        #: A synchronous commit failed after waiting COMMIT_TIMEOUT for the group's coordinator:
+        #: the load is failing, and its end's commit would only wait as long again.
+        self.failed = False
+
+    def send(self, offsets: Mapping[int, int]) -> None:
+        if offsets:
+            self.consumer().commit(offsets=self._partitions(offsets), asynchronous=True)
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        if not offsets or self.failed:
+            return
+        try:
+            commit_offsets(self.consumer(), self._partitions(offsets))
+        except (KafkaException, PinError) as exc:
+            if not no_longer_a_member(exc):
+                self.failed = True
+                raise
+            # As after a lost session: the stored batches are replayed by the partitions' next
+            # owner (this loader after it rejoins, or another), and the version guard skips them.
+            log.warning(
+                "offsets not committed, the group moved on without this loader: %s",
+                exc.args[0].str(),
+            )
+
+    def _partitions(self, offsets: Mapping[int, int]) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+
+
+def unloaded_ranges(
+    consumer: Consumer, topic: str, partitions: Sequence[int], *, warn_past_end: bool = False
+) -> dict[int, tuple[int, int]]:
+    """Partition → the group's next offset and the high watermark: what it has not loaded.
+    The loader has a committed offset past the end logged (`warn_past_end`): it replays."""
+    ranges = {}
+    for tp in committed_offsets(consumer, topic, partitions) if partitions else []:
+        low, high = watermarks(consumer, topic, tp.partition)
+        ranges[tp.partition] = (first_unloaded(tp.offset, low, high), high)
+        if warn_past_end and tp.offset > high:
+            log.warning(
+                "committed offset %s of %s[%s] is past its end %s: replaying from %s",
+                *(tp.offset, topic, tp.partition, high, low),
+            )
+    return ranges
 
 
 @contextmanager

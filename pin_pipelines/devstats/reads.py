@@ -18,9 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from uuid import UUID
 
-from pin_pipelines.clickhouse import ClickHouse
-from pin_pipelines.clickhouse.literals import UuidSet
-from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, named_queries
+from pin_pipelines.clickhouse import CLICKHOUSE_SQL_DIR, ClickHouse, UuidSet, named_queries
 from pin_pipelines.devstats.actor import Actor
 
 QUERIES = named_queries(CLICKHOUSE_SQL_DIR / "queries" / "dim_layout_group_reads.sql")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats.freshness import unloaded_events
-from pin_pipelines.devstats.offsets import (
+from pin_pipelines.devstats.loading import (
     DEFAULT_GROUP,
     committed_offsets,
     kafka_consumer,
     topic_partitions,
+    unloaded_events,
     watermarks,
 )
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP

@@ -25,8 +25,8 @@ from prometheus_client.utils import floatToGoString
 
 from pin_pipelines.db import fetch_all, fetch_column, fetch_one, queries
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
-from pin_pipelines.recalc.counters import ENTITIES, RESULT_LABELS
-from pin_pipelines.relay.metrics import relay_lag, topic_counters
+from pin_pipelines.recalc import ENTITIES, RESULT_LABELS
+from pin_pipelines.relay import relay_lag, topic_counters
 
 Q: Any = queries("metrics")
 

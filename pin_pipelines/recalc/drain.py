@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -26,6 +26,7 @@ from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.recalc.counters import ENTITIES, record_outcome, record_tick
 from pin_pipelines.tracing import current_traceparent, tracer
+from pin_pipelines.worker import Budget, never, run_until_spent
 
 log = logging.getLogger("pin_pipelines.recalc")
 
@@ -84,6 +85,15 @@ class TickSummary:
     def processed(self) -> int:
         return self.count("recalculated")
 
+    def merge(self, later: TickSummary) -> None:
+        """Fold a later tick in: a run's totals in a tick's shape (one shape for the CLI's JSON
+        and a Dagster run's summary). Results add up; the correlation id and the queue's state
+        (poisoned) are the later tick's, `due_at_start` stays this one's."""
+        self.correlation_id = later.correlation_id
+        self.results.extend(later.results)
+        self.poisoned = later.poisoned
+        self.stopped_early = self.stopped_early or later.stopped_early
+
     def as_dict(self) -> dict[str, Any]:
         republished = dict.fromkeys(ENTITIES, 0)
         for r in self.results:
@@ -111,15 +121,11 @@ class TickSummary:
         }
 
 
-def _never() -> bool:
-    return False
-
-
 def drain_tick(
     dsn: str,
     *,
     batch_size: int | None = None,
-    should_stop: Callable[[], bool] = _never,
+    should_stop: Callable[[], bool] = never,
     correlation_id: str | None = None,
     stop_grace_seconds: float = STOP_GRACE_SECONDS,
     budget_seconds: float = TICK_BUDGET_SECONDS,
@@ -132,11 +138,7 @@ def drain_tick(
     run passes its run id and tick number)."""
     started = time.perf_counter()
     grace = min(stop_grace_seconds, budget_seconds / 2)
-    claim_until = time.monotonic() + budget_seconds - grace
-
-    def stopping() -> bool:
-        return should_stop() or time.monotonic() >= claim_until
-
+    stopping = Budget(budget_seconds - grace, should_stop).stopping
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with (
         tracer().start_as_current_span(
@@ -478,18 +480,41 @@ def _give_back(conn: psycopg.Connection, claim: _Claim, fields: dict[str, Any]) 
 
 @dataclass
 class DrainRunSummary:
-    """Several ticks of one worker session (a Dagster run, or a long-running worker)."""
+    """Several ticks of one worker session (a Dagster run, or a long-running worker); mergeable
+    (pin_pipelines.worker), a tick's own run being a summary of one tick."""
 
     ticks: list[TickSummary] = field(default_factory=list)
 
+    def merge(self, later: DrainRunSummary) -> None:
+        """A later run's ticks follow this run's."""
+        self.ticks.extend(later.ticks)
+
+    @property
+    def found_work(self) -> bool:
+        """A tick took a project (a full or partial batch): more may be due already."""
+        return any(t.results for t in self.ticks)
+
+    def totals(self) -> TickSummary:
+        """The ticks merged: the run's counts in a tick's shape."""
+        if not self.ticks:
+            return TickSummary(correlation_id="")
+        first, *later = self.ticks
+        total = replace(first, results=list(first.results))
+        for tick in later:
+            total.merge(tick)
+        return total
+
     def as_dict(self) -> dict[str, Any]:
-        merged = TickSummary(correlation_id=",".join(t.correlation_id for t in self.ticks[-1:]))
-        for tick in self.ticks:
-            merged.results.extend(tick.results)
-        merged.due_at_start = self.ticks[0].due_at_start if self.ticks else 0
-        merged.poisoned = self.ticks[-1].poisoned if self.ticks else 0
-        merged.stopped_early = any(t.stopped_early for t in self.ticks)
-        return {**merged.as_dict(), "ticks": len(self.ticks)}
+        """A tick's as_dict for the run's totals, and how many ticks it took."""
+        return {**self.totals().as_dict(), "ticks": len(self.ticks)}
+
+    def metadata(self) -> dict[str, Any]:
+        """as_dict as flat values (a Dagster run's asset event): republished per entity,
+        without the correlation id and the failures that the run's summary line carries."""
+        data = self.as_dict()
+        republished = data.pop("republished")
+        del data["correlation_id"], data["failures"]
+        return {**data, **{f"republished_{entity}": n for entity, n in republished.items()}}
 
     @property
     def poisoned(self) -> int:
@@ -514,31 +539,31 @@ def drain_until_idle(
     *,
     budget_seconds: float = 25.0,
     wait_for_due_within: float = 15.0,
-    should_stop: Callable[[], bool] = _never,
-    sleep: Callable[[float], None] = time.sleep,
+    should_stop: Callable[[], bool] = never,
     correlation_prefix: str | None = None,
 ) -> DrainRunSummary:
     """Tick until nothing is due, or the budget is spent: one run launch serves many ticks.
 
     A row that falls due within `wait_for_due_within` seconds is waited for rather than left to
-    the next launch, which costs seconds of scheduling lag on a busy daemon. Tick n logs with
-    correlation id `<correlation_prefix>.<n>` when a prefix (the Dagster run id) is given.
+    the next launch, which costs seconds of scheduling lag on a busy daemon (a stop ends that
+    wait at once). Tick n logs with correlation id `<correlation_prefix>.<n>` when a prefix (the
+    Dagster run id) is given.
     """
-    deadline = time.monotonic() + budget_seconds
+    budget = Budget(budget_seconds, should_stop)
     run = DrainRunSummary()
 
-    def stop() -> bool:
-        return should_stop() or time.monotonic() >= deadline
-
-    while not stop():
+    def tick() -> DrainRunSummary:
         tick_id = f"{correlation_prefix}.{len(run.ticks) + 1}" if correlation_prefix else None
-        tick = drain_tick(dsn, should_stop=stop, correlation_id=tick_id)
-        run.ticks.append(tick)
-        if tick.results:
-            continue  # a full or partial batch: more may be due already
+        return DrainRunSummary(
+            [drain_tick(dsn, should_stop=budget.stopping, correlation_id=tick_id)]
+        )
+
+    def wait_for_due() -> float | None:
+        """After a tick that took nothing: up to a second towards the next row's due time, or
+        None (the run ends) when none falls due within `wait_for_due_within` and the budget."""
         next_due = seconds_until_next_due(dsn)
-        remaining = deadline - time.monotonic()
-        if next_due is None or next_due > min(wait_for_due_within, remaining):
-            break
-        sleep(max(0.05, min(next_due, 1.0)))
-    return run
+        if next_due is None or next_due > min(wait_for_due_within, budget.remaining()):
+            return None
+        return max(0.05, min(next_due, 1.0))
+
+    return run_until_spent(tick, budget, run, idle_seconds=wait_for_due)

@@ -13,7 +13,7 @@ from uuid import UUID
 import psycopg
 
 from pin_pipelines.db import connection, fetch_all, fetch_one, queries
-from pin_pipelines.recalc.enqueue import RecalcReason, force_request
+from pin_pipelines.recalc import RecalcReason, force_request
 from pin_pipelines.reconcile.model import DriftRow
 
 ENTITIES = ("project", "building", "layout", "layout_group")

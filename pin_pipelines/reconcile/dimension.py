@@ -20,7 +20,7 @@ from uuid import UUID
 
 from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.db import connection, fetch_all, fetch_column, queries
-from pin_pipelines.devstats.dim import QUERIES as DIM_QUERIES
+from pin_pipelines.devstats.loading import DIM_QUERIES
 from pin_pipelines.reconcile.model import DriftRow
 
 ENTITY = "dim_layout_group"

@@ -38,6 +38,7 @@ from pin_pipelines.relay import receipts
 from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
 from pin_pipelines.relay.summary import RelaySummary
 from pin_pipelines.tracing import tracer
+from pin_pipelines.worker import Budget, Retry, never, run_until_spent
 
 Q: Any = queries("outbox")
 
@@ -98,7 +99,7 @@ class OutboxRelay:
             self._conn.close()
             self._conn = None
 
-    def run_once(self, should_stop: Callable[[], bool] = lambda: False) -> RelaySummary:
+    def run_once(self, should_stop: Callable[[], bool] = never) -> RelaySummary:
         """Publish every event committed before this call; returns what was done. `should_stop`
         is checked between batches: the batch in hand commits (or aborts) whole first."""
         started = time.monotonic()
@@ -140,21 +141,20 @@ class OutboxRelay:
         broker or database coming back is enough for the relay to resume (with a new producer:
         a failed run drops its own). A stop lets the batch in hand finish.
         """
-        total = total if total is not None else RelaySummary()
-        while not should_stop():
-            try:
-                summary = self.run_once(should_stop)
-            except PinError as exc:
-                log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
-                total.failed_runs += 1
-                total.last_error = str(exc)
-                _sleep_unless(should_stop, max(idle_seconds, 1.0))
-                continue
-            total.last_error = None
-            total.merge(summary)
-            if summary.published == 0 and summary.dead_lettered == 0:
-                _sleep_unless(should_stop, idle_seconds)
-        return total
+        budget = Budget(should_stop=should_stop)
+        into = total if total is not None else RelaySummary()
+
+        def failed(exc: Exception) -> None:
+            log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
+            into.failed(exc)
+
+        return run_until_spent(
+            lambda: self.run_once(budget.stopping),
+            budget,
+            into,
+            idle_seconds=idle_seconds,
+            retry=Retry((PinError,), failed, backoff_seconds=max(idle_seconds, 1.0)),
+        )
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -484,13 +484,6 @@ def _fetched_ahead(cursor: psycopg.ServerCursor[Any]) -> Iterator[list[Any]]:
             with contextlib.suppress(queue.Empty):
                 chunks.get(timeout=0.1)
         thread.join()
-
-
-def _sleep_unless(should_stop: Callable[[], bool], seconds: float) -> None:
-    """Sleep up to `seconds`, waking within 50 ms of a stop (a signal handler's flag)."""
-    deadline = time.monotonic() + seconds
-    while not should_stop() and (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(left, 0.05))
 
 
 def relay_once(settings: Settings, **options: Any) -> RelaySummary:

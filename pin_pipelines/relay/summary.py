@@ -1,12 +1,14 @@
-"""What one relay run did: the CLI's JSON summary and the Dagster materialization metadata."""
+"""What one relay run did: the CLI's JSON summary and the Dagster materialization metadata.
+
+Mergeable (pin_pipelines.worker): a continuous relay's runs fold into one summary of the same
+shape."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from pin_pipelines.quantiles import quantile
+from pin_pipelines.quantiles import Reservoir
 
 #: Delivery lags kept per summary (a uniform sample beyond that).
 LAG_SAMPLE = 5000
@@ -33,8 +35,9 @@ class RelaySummary:
     last_error: str | None = None
     #: Commit → Kafka per published event (its outbox row's creation to its transaction's
     #: commit), a uniform sample of at most LAG_SAMPLE events: the run's lag p50/p99.
-    delivery_lags: list[float] = field(default_factory=list, repr=False)
-    _lags_seen: int = field(default=0, repr=False)
+    delivery_lags: Reservoir = field(
+        default_factory=lambda: Reservoir(LAG_SAMPLE), repr=False, compare=False
+    )
 
     def add_batch(self, published: Mapping[str, int], dead_lettered: Mapping[str, int]) -> None:
         """A batch's counts per topic."""
@@ -42,24 +45,32 @@ class RelaySummary:
         self.batches += 1
 
     def add_delivery_lags(self, lags: Sequence[float]) -> None:
-        """Reservoir sampling (algorithm R): bounded memory for a relay that runs for hours."""
         for lag in lags:
-            self._lags_seen += 1
-            if len(self.delivery_lags) < LAG_SAMPLE:
-                self.delivery_lags.append(lag)
-            elif (slot := random.randrange(self._lags_seen)) < LAG_SAMPLE:
-                self.delivery_lags[slot] = lag
+            self.delivery_lags.add(lag)
 
     def merge(self, later: RelaySummary) -> None:
         """Fold a later run in (a job relaying several times reports one total): counts add up,
-        the backlog is the later run's."""
+        the backlog and the last error are the later run's (a run that succeeded has none)."""
         self._add(later.published_by_topic, later.dead_lettered_by_topic)
         self.batches += later.batches
         self.recovered += later.recovered
+        self.failed_runs += later.failed_runs
         self.pending, self.lag_seconds = later.pending, later.lag_seconds
+        self.last_error = later.last_error
         self.duration_seconds += later.duration_seconds
-        if later.delivery_lags:
-            self.add_delivery_lags(later.delivery_lags)
+        self.add_delivery_lags(later.delivery_lags.values)
+
+    def failed(self, error: Exception) -> None:
+        """A continuous relay's run that failed: counted, and its error kept until a later run
+        succeeds (merge)."""
+        self.failed_runs += 1
+        self.last_error = str(error)
+
+    @property
+    def found_work(self) -> bool:
+        """Published or dead-lettered anything: a continuous relay runs again at once, or else
+        polls the outbox after its idle wait."""
+        return bool(self.published or self.dead_lettered)
 
     def _add(self, published: Mapping[str, int], dead_lettered: Mapping[str, int]) -> None:
         for topic, count in published.items():
@@ -71,10 +82,9 @@ class RelaySummary:
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
-        del data["delivery_lags"], data["_lags_seen"]
+        del data["delivery_lags"]
         data["lag_seconds"] = round(self.lag_seconds, 3)
         data["duration_seconds"] = round(self.duration_seconds, 3)
-        lags = sorted(self.delivery_lags)
-        data["delivery_lag_p50_seconds"] = quantile(lags, 0.50)
-        data["delivery_lag_p99_seconds"] = quantile(lags, 0.99)
+        data["delivery_lag_p50_seconds"] = self.delivery_lags.quantile(0.50)
+        data["delivery_lag_p99_seconds"] = self.delivery_lags.quantile(0.99)
         return data

@@ -27,8 +27,8 @@ from pathlib import Path
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
-from pin_pipelines.clickhouse.server import ServerClickHouse
-from pin_pipelines.clickhouse.url import DATABASE, ServerAddress, parse_clickhouse_url
+from pin_pipelines.clickhouse import DATABASE, ServerAddress, parse_clickhouse_url
+from pin_pipelines.clickhouse.server import ServerClickHouse  # see FACE_EXCEPTIONS, test_layering
 from pin_pipelines.config import LOOPBACK_HOSTS, Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer

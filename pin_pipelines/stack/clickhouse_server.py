@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from pin_pipelines.clickhouse.server import ServerClickHouse
-from pin_pipelines.clickhouse.url import ServerAddress, parse_clickhouse_url
+from pin_pipelines.clickhouse import ServerAddress, parse_clickhouse_url
+from pin_pipelines.clickhouse.server import ServerClickHouse  # see FACE_EXCEPTIONS, test_layering
 from pin_pipelines.config import LOOPBACK_HOSTS, Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.process import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pin_pipelines.clickhouse.url import parse_clickhouse_url
+from pin_pipelines.clickhouse import parse_clickhouse_url
 from pin_pipelines.config import Settings
 from pin_pipelines.stack.clickhouse_cluster import LocalClickHouseCluster
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer

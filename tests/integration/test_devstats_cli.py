@@ -20,10 +20,8 @@ from typing import Any
 import pytest
 
 from pin_pipelines.cli import main
-from pin_pipelines.devstats import loader
-from pin_pipelines.devstats.loader import LoadSummary
-from pin_pipelines.devstats.offsets import DEFAULT_GROUP
-from pin_pipelines.devstats.replay import IdRange
+from pin_pipelines.devstats import loading as loader  # what `pin devstats backfill` calls
+from pin_pipelines.devstats.loading import DEFAULT_GROUP, IdRange, LoadSummary
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
 from tests.integration.test_devstats_dagster import commit_group, end_offsets
 from tests.support.cli import assert_one_line_error, run_pin, summary

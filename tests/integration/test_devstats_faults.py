@@ -49,12 +49,12 @@ import sys, time
 from pathlib import Path
 from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats import loader
+from pin_pipelines.devstats import inserts, loader
 
 topic, group, marker = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 stop_at, where = int(sys.argv[4]), sys.argv[5]
 settings = Settings.from_env()
-real_insert, calls = loader.insert_events, []
+real_insert, calls = inserts.insert_events, []
 
 def hang(stored):
     marker.write_text(str(stored))
@@ -71,7 +71,7 @@ def insert_with_a_stop(ch, events):
         hang(stored)
     return stored
 
-loader.insert_events = insert_with_a_stop
+inserts.insert_events = insert_with_a_stop
 with open_clickhouse(settings.clickhouse_url) as ch:
     migrate_clickhouse(ch)
     loader.load_once(settings, loader.LoadOptions(topic=topic, group=group, batch_size=50))

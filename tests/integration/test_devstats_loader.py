@@ -23,7 +23,7 @@ from pin_pipelines.clickhouse import (
 )
 from pin_pipelines.clickhouse.server import ServerClickHouse
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats import loader
+from pin_pipelines.devstats import inserts
 from pin_pipelines.devstats.dim import groups, insert_events, labels
 from pin_pipelines.devstats.events import parse_event
 from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
@@ -396,7 +396,7 @@ def test_a_lost_answer_to_a_sent_insert_is_retried_and_applied_once(
     history = [Group() for _ in range(30)]
     produce_events(kafka_bootstrap, loader_options.topic, [g.event(1) for g in history])
 
-    real_insert, cuts = loader.insert_events, list[int]()
+    real_insert, cuts = inserts.insert_events, list[int]()
 
     def insert_then_lose_the_answer(ch: ClickHouse, events: Any) -> int:
         sent = real_insert(ch, events)
@@ -414,7 +414,7 @@ def test_a_lost_answer_to_a_sent_insert_is_retried_and_applied_once(
             lost.append(str(exc))
             raise
 
-    monkeypatch.setattr(loader, "insert_events", insert_then_lose_the_answer)
+    monkeypatch.setattr(inserts, "insert_events", insert_then_lose_the_answer)
     monkeypatch.setattr(ServerClickHouse, "confirm_insert", confirm_noting_its_error)
     try:
         summary = load_once(

@@ -6,8 +6,11 @@
 - the read API (`pin_pipelines.api`) cannot reach the operator side of the dimension: no import
   of it, direct or through other modules, at module level or inside a function, leads to the
   loader's version guard and write (`devstats.dim`), the operator's Actor (`devstats.operator`),
-  the loader, the reconciliation or the CLI; of devstats it reaches the Actor and the scoped
-  reads only (issue 25).
+  the loader or its face (`devstats.loading`), the reconciliation or the CLI; of devstats it
+  reaches the Actor and the scoped reads only (issue 25);
+- a package with a public face (FACES) is imported from outside only through it, never through a
+  module behind it (FACE_EXCEPTIONS name the few that may, and why), and every name of a face's
+  `__all__` is bound in it (issue 28).
 """
 
 from __future__ import annotations
@@ -269,6 +272,7 @@ OPERATOR_SIDE = (
     f"{PACKAGE}.devstats.dim",
     f"{PACKAGE}.devstats.operator",
     f"{PACKAGE}.devstats.loader",
+    f"{PACKAGE}.devstats.loading",
     f"{PACKAGE}.reconcile",
     f"{PACKAGE}.cli",
     f"{PACKAGE}.defs",
@@ -299,3 +303,113 @@ def test_the_api_cannot_reach_the_operator_side_of_the_dimension() -> None:
     assert leaks == []
     devstats = {m for m in found if m.startswith(f"{PACKAGE}.devstats")}
     assert devstats <= API_DEVSTATS, sorted(devstats - API_DEVSTATS)
+
+
+#: The packages with a public face → the modules that are it: `__init__`, and for devstats a
+#: second face for its operator side (`devstats.loading`, which its `__init__` must not import:
+#: the API would reach the loader through any `devstats` import). Outside its package, only these
+#: are imported.
+FACES = {
+    f"{PACKAGE}.clickhouse": (f"{PACKAGE}.clickhouse",),
+    f"{PACKAGE}.devstats": (f"{PACKAGE}.devstats", f"{PACKAGE}.devstats.loading"),
+    f"{PACKAGE}.recalc": (f"{PACKAGE}.recalc",),
+    f"{PACKAGE}.reconcile": (f"{PACKAGE}.reconcile",),
+    f"{PACKAGE}.relay": (f"{PACKAGE}.relay",),
+}
+#: (importer, module behind a face) pairs allowed anyway. The dev stack waits on the ClickHouse
+#: server it started, by its address rather than a URL, so it needs the server backend itself; the
+#: face only imports the backends lazily (`open_clickhouse`), so that a process never loads the
+#: engine or the driver it does not use.
+FACE_EXCEPTIONS = frozenset(
+    {
+        (f"{PACKAGE}.stack.clickhouse_server", f"{PACKAGE}.clickhouse.server"),
+        (f"{PACKAGE}.stack.clickhouse_cluster", f"{PACKAGE}.clickhouse.server"),
+    }
+)
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def face_bypasses() -> list[tuple[str, str, int]]:
+    """(importer, module, line) of every import, function-level and `TYPE_CHECKING` ones too, of
+    a module behind a face from outside its package."""
+    return sorted(
+        {
+            (imp.importer, imp.module, imp.line)
+            for imp in ALL_IMPORTS
+            for package, faces in FACES.items()
+            if imp.module.startswith(f"{package}.")
+            and imp.module not in faces
+            and not _inside(imp.importer, package)
+        }
+    )
+
+
+def test_other_packages_import_a_faced_package_through_its_face_only() -> None:
+    """Tried on the code before issue 28: 38 imports, among them defs/recalc's and
+    defs/devstats' (`recalc.drain`, `devstats.loader`, `devstats.freshness`, …), the CLI's
+    function-level ones, reconcile's `devstats.dim` QUERIES and `recalc.enqueue`, the API's
+    `devstats.actor` and `devstats.reads`, metrics' `recalc.counters`, `relay.metrics` and
+    `devstats.offsets`, and the stack's and devstats' `clickhouse.url`, `clickhouse.literals` and
+    `clickhouse.sqlfiles`. Each exception must still be needed."""
+    found = face_bypasses()
+    violations = [
+        f"{i}:{line} imports {m}" for i, m, line in found if (i, m) not in FACE_EXCEPTIONS
+    ]
+    assert violations == []
+    assert sorted(FACE_EXCEPTIONS - {(i, m) for i, m, _ in found}) == []
+
+
+def _all_of(tree: ast.Module) -> list[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [str(name) for name in ast.literal_eval(node.value)]
+    return None
+
+
+def _bound_at_import(tree: ast.Module) -> set[str]:
+    """The names a module binds when imported (`if TYPE_CHECKING` imports are not)."""
+    bound: set[str] = set()
+    for node, module_level in _statements(tree.body, True):
+        if not module_level:
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return bound
+
+
+def _taken_from(package: str, name: str, tree: ast.Module) -> set[str]:
+    """The names a face's module-level imports take from the modules of its own package."""
+    return {
+        alias.asname or alias.name
+        for node, module_level in _statements(tree.body, True)
+        if module_level
+        and isinstance(node, ast.ImportFrom)
+        and _inside(_absolute(name, MODULES[name].name == "__init__.py", node), package)
+        for alias in node.names
+    }
+
+
+def test_every_face_declares_all_and_binds_each_name_of_it() -> None:
+    """Tried on the code before issue 28: recalc's and devstats' `__init__` had no `__all__` and
+    `devstats.loading` did not exist. Also fails on a name listed twice or not bound (a typo, a
+    name moved away), and on a name a face takes from its own package but leaves out of `__all__`
+    (public by accident, as `from pin_pipelines.x import *` would not give it)."""
+    for package, faces in FACES.items():
+        for face in faces:
+            assert face in MODULES, face
+            tree = ast.parse(MODULES[face].read_text(), str(MODULES[face]))
+            exported = _all_of(tree)
+            assert exported is not None, f"{face} has no __all__"
+            assert len(set(exported)) == len(exported), face
+            assert sorted(set(exported) - _bound_at_import(tree)) == [], face
+            assert sorted(_taken_from(package, face, tree) - set(exported)) == [], face

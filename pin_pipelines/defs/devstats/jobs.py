@@ -8,8 +8,7 @@ from pin_pipelines.defs.common import CLICKHOUSE_POOL
 from pin_pipelines.defs.devstats.assets import dim_layout_group, load_metadata
 from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.devstats.loader import backfill
-from pin_pipelines.devstats.replay import IdRange
+from pin_pipelines.devstats.loading import IdRange, backfill
 from pin_pipelines.errors import PinError
 from pin_pipelines.run_tags import DEVSTATS_JOB_TAGS
 

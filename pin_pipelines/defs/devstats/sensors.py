@@ -5,7 +5,7 @@ assets.py), and on a ClickHouse server extra loads for a backlog."""
 from pin_pipelines.config import Settings
 from pin_pipelines.defs.common import Backlog, long_run_sensor
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
-from pin_pipelines.devstats.freshness import unloaded_events
+from pin_pipelines.devstats.loading import unloaded_events
 
 #: Unloaded events above which another load joins the running one(s): about ten batches.
 BACKLOG_EVENTS = 10_000

@@ -4,7 +4,7 @@ import dagster as dg
 
 from pin_pipelines.defs.common import check_schedule
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
-from pin_pipelines.recalc.queue_status import poisoned_requests
+from pin_pipelines.recalc import poisoned_requests
 
 
 @dg.asset_check(

@@ -6,9 +6,13 @@ import dagster as dg
 
 from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
-from pin_pipelines.recalc.drain import drain_until_idle
-from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc, requeue_poisoned
-from pin_pipelines.recalc.queue_status import poisoned_requests
+from pin_pipelines.recalc import (
+    RecalcReason,
+    drain_until_idle,
+    force_recalc,
+    poisoned_requests,
+    requeue_poisoned,
+)
 from pin_pipelines.run_tags import DRAIN_JOB_TAGS
 
 
@@ -35,20 +39,7 @@ def drain_recalc_queue(
             correlation_prefix=context.run_id,
             should_stop=stop.requested,
         )
-    summary = run.as_dict()
-    metadata = {
-        "processed": summary["processed"],
-        "failed": summary["failed"],
-        "skipped_archived": summary["skipped_archived"],
-        "deferred": summary["deferred"],
-        "poisoned": summary["poisoned"],
-        "ticks": summary["ticks"],
-        "republished_project": summary["republished"]["project"],
-        "republished_layout": summary["republished"]["layout"],
-        "republished_layout_group": summary["republished"]["layout_group"],
-        "duration_p50_seconds": summary["duration_p50_seconds"],
-        "duration_p99_seconds": summary["duration_p99_seconds"],
-    }
+    summary, metadata = run.as_dict(), run.metadata()
     context.log.info(f"drain summary: {summary}")
     if summary["processed"] or summary["skipped_archived"]:
         context.log_event(
@@ -56,10 +47,10 @@ def drain_recalc_queue(
         )
     else:
         context.log_event(dg.AssetObservation(asset_key=CHESSBOARD_AGGREGATES, metadata=metadata))
-    if summary["poisoned"]:
+    if run.poisoned:
         ids = [str(r.project_id) for r in poisoned_requests(pin.get().pg_dsn)]
         context.log.error(
-            f"CHESSBOARD_RECALC_POISON: {summary['poisoned']} project(s) parked after repeated "
+            f"CHESSBOARD_RECALC_POISON: {run.poisoned} project(s) parked after repeated "
             f"failures: {ids}; see the no_poisoned_recalc_requests check and run"
             " requeue_poisoned_job"
         )

@@ -10,7 +10,6 @@ could reorder a key (the lock, and the transactional.id that fences a predecesso
 commit.
 """
 
-import time
 from collections.abc import Iterator
 
 import dagster as dg
@@ -21,6 +20,7 @@ from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.errors import PinError
 from pin_pipelines.relay import OutboxRelay, RelaySummary, topic_end_offsets
+from pin_pipelines.worker import Budget
 
 RELAY_JOB_TAGS = {"pin/job": "outbox_relay"}
 
@@ -42,16 +42,12 @@ def relay_outbox(
     yielded ones are kept."""
     settings = pin.get()
     total = RelaySummary()
-    deadline = time.monotonic() + config.budget_seconds
     try:
         # One relay (one transactional producer) for the whole run. It holds the relay lock
         # meanwhile: the successor, or a `pin outbox relay` started by hand, waits for it.
         with stopped_by_signal(context) as stop, OutboxRelay(settings) as relay:
-            relay.run_until(
-                lambda: time.monotonic() >= deadline or stop.requested(),
-                idle_seconds=config.poll_seconds,
-                total=total,
-            )
+            budget = Budget(config.budget_seconds, stop.requested)
+            relay.run_until(budget.stopping, idle_seconds=config.poll_seconds, total=total)
     except Exception:
         yield from _report(context, settings, total)
         raise

@@ -5,7 +5,7 @@ from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
 from pin_pipelines.defs.common import Backlog, long_run_sensor
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
-from pin_pipelines.relay.metrics import relay_lag
+from pin_pipelines.relay import relay_lag
 
 
 def _outbox_backlog(settings: Settings) -> Backlog:
