@@ -54,7 +54,7 @@ from _common import fresh_database
 from pin_pipelines.clickhouse import ClickHouse, ServerAddress, migrate_clickhouse, open_clickhouse
 from pin_pipelines.clickhouse.literals import UuidSet
 from pin_pipelines.config import Settings
-from pin_pipelines.devstats import loader
+from pin_pipelines.devstats import inserts
 from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.devstats.loader import LoadOptions, load_once
@@ -171,18 +171,18 @@ def recorded_batches() -> Iterator[list[list[Any]]]:
     """The events of every insert the loader makes, batch for batch (one list append per batch;
     their rows are built after the timing)."""
     batches: list[list[Any]] = []
-    real = loader.insert_events
+    real = inserts.insert_events
 
     def recording(ch: ClickHouse, events: Any) -> int:
         events = list(events)
         batches.append(events)
         return real(ch, events)
 
-    loader.insert_events = recording  # type: ignore[assignment]
+    inserts.insert_events = recording  # type: ignore[assignment]
     try:
         yield batches
     finally:
-        loader.insert_events = real  # type: ignore[assignment]
+        inserts.insert_events = real  # type: ignore[assignment]
 
 
 def ingest(ch: ClickHouse, settings: Settings, kind: str, events: int, groups: int) -> dict:
