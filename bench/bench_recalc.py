@@ -26,6 +26,9 @@
    connection's backend pid and read just before that connection closes: exact, whatever else
    runs on the machine; needs the server on this machine) and the drain processes' own CPU; and
    the ratios product / baseline of throughput (goal >= 1.0) and of backend CPU (goal <= 1.0).
+   Scale-out by cost (`scale_out_cpu_ratio`): the product's CPU per project (its drains' and
+   their backends') with 2 workers / with 1, goal <= 1.15; unlike projects/s it does not need
+   spare cores to show.
    After every pass pair the two databases must agree: the same aggregates and versions in the
    four tables, an empty queue, and the same events (topic, key, payload but its EventId and
    CreatedAt, traceparent, defect); at the end both are checked against the truth
@@ -566,6 +569,12 @@ def median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
 
+def cpu_per_project(row: dict[str, Any], workers: int) -> float:
+    """The product's CPU ms per project with `workers` drains: theirs and their backends'."""
+    product = row[f"workers_{workers}"]["product"]
+    return float(product["backend_cpu_ms_per_project"] + product["client_cpu_ms_per_project"])
+
+
 def compare_with_baseline(
     args: argparse.Namespace, workloads: list[str], progress: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -709,6 +718,13 @@ def main() -> None:
         for w in workloads
     }
 
+    # Scale-out by cost (issue 27): CPU-seconds per project, the drains' and their backends',
+    # with 2 workers against 1; it does not depend on spare cores, as projects/s does.
+    result["scale_out_cpu_ratio"] = {
+        w: round(cpu_per_project(comparison[w], 2) / cpu_per_project(comparison[w], 1), 3)
+        for w in workloads
+    }
+    result["goals"] = {"ratio_vs_baseline_min": 1.0, "scale_out_cpu_ratio_max": 1.15}
     result["round_trips"] = round_trips(
         {side: dsn_with_dbname(BASE_DSN, f"pin_bench_{side}") for side in SIDES}, args.batch
     )
