@@ -77,7 +77,14 @@ from pin_pipelines.db import connect
 from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.devstats.loader import LoadOptions, load_continuously
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP, commit_offsets, kafka_consumer
-from pin_pipelines.kafka import ALL_TOPICS, TOPIC_LAYOUT_GROUP, TopicPolicy, admin, ensure_topics
+from pin_pipelines.kafka import (
+    ALL_TOPICS,
+    TOPIC_LAYOUT_GROUP,
+    TopicPolicy,
+    admin,
+    ensure_topics,
+    while_settling,
+)
 from pin_pipelines.relay import relay_once, topic_end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
@@ -195,10 +202,15 @@ def at_end(bootstrap: str, group: str, topic: str) -> bool:
 
 
 def members_holding(bootstrap: str, group: str) -> int:
-    """Members of `group` holding partitions (the coordinator's assignment)."""
+    """Members of `group` holding partitions (the coordinator's assignment); a coordinator still
+    settling on a fresh cluster (NOT_COORDINATOR) is waited for."""
     client = admin(bootstrap)
-    [future] = client.describe_consumer_groups([group]).values()
-    described = future.result(timeout=15)
+
+    def describe(left: float) -> Any:
+        [future] = client.describe_consumer_groups([group]).values()
+        return future.result(timeout=min(left, 15))
+
+    described = while_settling(describe, 30)
     return sum(1 for m in described.members if m.assignment.topic_partitions)
 
 
@@ -265,12 +277,14 @@ def loader_throughput(settings: Settings, events: int, groups: int) -> dict[str,
 # --- 3: one loader vs two -----------------------------------------------------------------------
 
 
-def _loader_worker(env: dict[str, str], options: dict[str, str], stop: Any) -> None:
-    """A continuous loader in its own process until the multiprocessing Event `stop` is set."""
-    load_continuously(
+def _loader_worker(env: dict[str, str], options: dict[str, str], stop: Any, out: Any) -> None:
+    """A continuous loader in its own process until the multiprocessing Event `stop` is set;
+    its summary goes to the queue `out`."""
+    summary = load_continuously(
         Settings.from_env(env),
         LoadOptions(**options, max_seconds=float("inf"), should_stop=stop.is_set),
     )
+    out.put({"consumed": summary.consumed, "batches": summary.batches})
 
 
 def held_back(bootstrap: str, topic: str, events: int, groups: int) -> tuple[Groups, Producer]:
@@ -307,9 +321,10 @@ def scale_out(settings: Settings, events: int, groups: int, loaders: int) -> dic
             **os.environ,
             **env_for(bootstrap, settings.pg_dsn, settings.clickhouse_url, settings.state_dir),
         }
-        stop = context.Event()
+        stop, summaries = context.Event(), context.Queue()
         workers = [
-            context.Process(target=_loader_worker, args=(env, names, stop)) for _ in range(loaders)
+            context.Process(target=_loader_worker, args=(env, names, stop, summaries))
+            for _ in range(loaders)
         ]
         for worker in workers:
             worker.start()
@@ -327,10 +342,13 @@ def scale_out(settings: Settings, events: int, groups: int, loaders: int) -> dic
                 if worker.is_alive():
                     worker.kill()
                     worker.join()
+    # After the joins: each summary is a few bytes, in the pipe before its process ended.
+    loaded = [summaries.get(timeout=5) for _ in workers]
     return {
         "loaders": loaders,
         "events_per_s": round(events / (done - released)),
         "loader_cpu_us_per_event": round(cpu / events * 1e6, 2),
+        "events_per_batch": [round(x["consumed"] / max(1, x["batches"])) for x in loaded],
         "behind": behind(settings.clickhouse_url, stream, events),
     }
 
