@@ -21,7 +21,7 @@ from _common import log, seconds_quantiles
 from _cpu import CpuMeter
 
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
-from pin_pipelines.stack.process import free_port, port_open
+from pin_pipelines.stack.process import free_port, port_open, stop_child
 
 from .databases import database_name, storage_database
 from .edits import EditLoad, EditResults, edit_load, edit_pool
@@ -63,12 +63,7 @@ def serving(dsn: str, label: str, private: Private) -> Iterator[None]:
                 time.sleep(1)
             yield
         finally:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                serve.wait(90)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-                serve.wait()
+            stop_child(serve, grace_seconds=90)
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
 

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pin_pipelines.errors import PinError
 from pin_pipelines.signals import default_stop_signals
@@ -67,6 +68,16 @@ def start_detached(
         )
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def stop_child(process: subprocess.Popen[Any], *, grace_seconds: float) -> None:
+    """SIGTERM a child this process started, then SIGKILL it after the grace period; reaped."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def stop_pid(pidfile: Path, *, grace_seconds: float = 30.0) -> bool:

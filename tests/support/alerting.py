@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import yaml
 
 from pin_pipelines.config import SOURCE_ROOT
-from pin_pipelines.stack.process import free_port, wait_until
+from pin_pipelines.stack.process import free_port, stop_child, wait_until
 from tests.support.http import answers_http
 
 PROMETHEUS_CONFIG = SOURCE_ROOT / "ops" / "prometheus" / "prometheus.yml"
@@ -153,12 +152,7 @@ def _server(name: str, config: dict[str, Any], workdir: Path, *flags: str) -> It
         )
         yield port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_child(process, grace_seconds=10)
 
 
 def _ready(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
