@@ -17,6 +17,7 @@ closes on the stop, with uvicorn.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import socket
@@ -81,6 +82,12 @@ def serve_api(settings: Settings) -> None:
             scraped = serve_metrics(metrics, settings.api_addr, settings.api_metrics_port)
             thread.start()
             _wait_until_started(server, thread)
+            # Everything the process holds once it serves (FastAPI, pydantic, the driver, ~60,000
+            # objects) is moved out of the collector's sight: a full collection of it took ~18 ms,
+            # a pause of every request in flight, and the read threads' allocations trigger one
+            # now and then. Requests' own garbage is young and is collected as before.
+            gc.collect()
+            gc.freeze()
             host = _host(settings.api_addr)
             log_event(
                 log,
@@ -155,6 +162,11 @@ def _config(app: object) -> uvicorn.Config:
         server_header=False,
         proxy_headers=False,  # nothing here trusts X-Forwarded-*: the actor is the token's
         http=_JsonErrorsH11,
+        # uvloop, not asyncio's own loop (uvicorn's "auto" picks it when installed, and a pyproject
+        # dependency makes sure it is): with asyncio's, 200 labels requests/s of bench_api's
+        # load saturated the process (p50 2.6 s, 2.2-2.3 ms of CPU per request; uvloop: 3.7 ms
+        # and 1.8 ms).
+        loop="uvloop",
         h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
