@@ -144,27 +144,24 @@ def pgbench_script() -> str:
         lines = [ln for ln in blocks[name].splitlines() if not ln.lstrip().startswith("--")]
         return "\n".join(lines).strip()
 
-    # The claim (committed on its own, drain.py), then the work transaction: the function call
-    # (the claimed row locked again, the recalc) and the outcome's counters. pgbench fills
-    # :project_id and :claimed_at from the claim's \gset. (limit_waits is once per tick.)
-    claim = [
-        body("claim_due_request").rstrip(";") + " \\gset",
-        "BEGIN;",
-    ]
-    outcome = {
-        ":result": "'success'",
-        ":duration": "0.01",
-        ":coalesced": "1",
-        ":project": "0",
-        ":layout_group": "0",  # before :layout, its prefix
-        ":layout": "0",
+    # The claim (committed on its own, as a tick's first claim is), then the work transaction:
+    # one statement (the claimed row locked again, the recalc, the outcome and its counters)
+    # without the next claim, which the drain takes in that statement. pgbench fills
+    # :project_id, :claimed_at, :previous_attempted_at and :requested_count from the claim's
+    # \gset.
+    claim = body("claim_due_request").replace(":attempted", "NULL").rstrip(";") + " \\gset"
+    values = {
+        ":traceparent": "NULL",
+        ":lock_share": "0.5",
+        ":claim_next": "false",
+        ":attempted": "NULL",
+        # \gset leaves a NULL column an empty string: a row never attempted before.
+        ":previous_attempted_at": "nullif(:previous_attempted_at, '')::timestamptz",
     }
-    counters = body("record_recalc_outcome")
-    for name, value in outcome.items():
-        counters = counters.replace(name, value)
-    work = body("recalc_claimed_project").replace(":traceparent", "NULL")
-    steps = [work.replace(":lock_share", "0.5").rstrip(";") + " \\gset work_", counters]
-    return "\n".join([*claim, *steps, "COMMIT;"]) + "\n"
+    work = body("recalc_project_step")
+    for name, value in values.items():
+        work = work.replace(name, value)
+    return "\n".join([claim, work]) + "\n"
 
 
 def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:
@@ -528,8 +525,9 @@ def _first_difference(a: Any, b: Any) -> str:
 
 def round_trips(dsns: dict[str, str], batch: int) -> dict[str, Any]:
     """Per project, in one tick of each side traced by libpq (PQtrace): round trips (a simple
-    Query, or an extended-protocol Sync, each waits for the server once) and commits. The rest
-    of the queue is drained untraced afterwards."""
+    Query, or an extended-protocol Sync, each waits for the server once) and COMMIT statements
+    (the product's statements run in autocommit and commit on their own: one per project). The
+    rest of the queue is drained untraced afterwards."""
     out: dict[str, Any] = {}
     for side, dsn in dsns.items():
         make_due(dsn)
@@ -553,7 +551,7 @@ def round_trips(dsns: dict[str, str], batch: int) -> dict[str, Any]:
         out[side] = {
             "projects": projects,
             "round_trips_per_project": round(len(sent) / projects, 2),
-            "commits_per_project": round(
+            "commit_statements_per_project": round(
                 sum(1 for kind, rest in sent if kind == "Query" and '"COMMIT"' in rest) / projects,
                 2,
             ),

@@ -17,7 +17,8 @@
  *            COMMIT
  *   drain    settle_abandoned_claims (a tick's first statement, autocommit: a claim unlocked
  *              past retry_interval is a dead drain's: attempt_count + 1, claimed_at NULL)
- *            claim_due_request (autocommit, its own transaction: claimed_at, attempted_at)
+ *            claim_due_request (autocommit, its own transaction, or the previous project's:
+ *              claimed_at, attempted_at)
  *            lock_claimed_request FOR UPDATE (waits, under lock_timeout)
  *              NULL -> "deferred", COMMIT (the claim was settled as abandoned)
  *              lock_timeout -> ROLLBACK, then release_claim in autocommit (_give_back)
@@ -85,7 +86,14 @@
  *  - archived or deleted projects (delete_request without a recalc), the runbook's
  *    force_request and requeue_request, writers that roll back, and server crashes (so the
  *    claim's synchronous_commit = off) are not modelled;
- *  - the claim's transaction is one atomic step (a drain dying inside it leaves nothing);
+ *  - the claim's transaction is one atomic step (a drain dying inside it leaves nothing). Since
+ *    migration 0014 a tick's later claims commit with the previous project's work
+ *    (recalc_project_step claims the next project last, with SKIP LOCKED, before its COMMIT);
+ *    with one project the next claim is never this row (it excludes the project it follows),
+ *    so for this row it is still a claim committed before its work, as modelled. A drain that
+ *    dies while its autocommit work statement runs either has it rolled back (the server sees
+ *    the client gone: client_connection_check_interval) or committed as if it died right after
+ *    the COMMIT, both modelled;
  *    the recalc's failure points are one choice after the read (a rollback to the savepoint
  *    undoes the same whichever statement failed); a death or a stop is offered at the points
  *    where what it undoes differs (between the claim and the work, in the work, before
@@ -546,7 +554,8 @@ end_tick:
     };
 #endif
 
-    /* the work transaction (_attempt): limit_waits; lock_claimed_request ... FOR UPDATE */
+    /* the work transaction (_attempt: recalc_project_step, one autocommit statement):
+       lock_claimed_request ... FOR UPDATE */
 #ifdef BUG_NO_RELOCK
     atomic { relocked() };
 #else

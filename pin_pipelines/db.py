@@ -7,7 +7,7 @@ when the rows are read, so a row is a small frozen dataclass read by column name
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
@@ -26,12 +26,25 @@ QUERIES_DIR = SQL_DIR / "postgres" / "queries"
 Row = TypeVar("Row")
 
 
-def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 5) -> psycopg.Connection:
+def connect(
+    dsn: str,
+    *,
+    autocommit: bool = False,
+    connect_timeout: int = 5,
+    session: Mapping[str, str] | None = None,
+) -> psycopg.Connection:
     """Open a connection, turning "server is not there" into a PinError with the address. A
     silent server ends it within DEAD_PEER_SECONDS (config.PG_CLIENT_DEAD_PEER_PARAMS, unless
-    the DSN sets its own), not after the kernel's retransmission timeout."""
+    the DSN sets its own), not after the kernel's retransmission timeout. `session`: settings
+    the session starts with (libpq `options`, after the DSN's own; values without spaces), in
+    force from its first statement, unlike a SET sent after the connect: a timer the server
+    armed with its default at the first statement runs to its end before a new value counts."""
     try:
         params = {**PG_CLIENT_DEAD_PEER_PARAMS, **conninfo_to_dict(dsn)}
+        if session:
+            options = [str(params.get("options", ""))]
+            options += [f"-c {name}={value}" for name, value in session.items()]
+            params["options"] = " ".join(o for o in options if o)
         conninfo = make_conninfo("", **params)
         return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as exc:
@@ -56,11 +69,14 @@ def unmigrated(dsn: str, exc: psycopg.Error) -> PinError:
 
 
 @contextmanager
-def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
+def connection(
+    dsn: str, *, autocommit: bool = False, session: Mapping[str, str] | None = None
+) -> Iterator[psycopg.Connection]:
     """A connection closed at the end; losing it midway (the server went away, or went silent
     past the dead-peer bound) is a PinError naming the server, and so is a schema this release's
-    statements do not find (a database never migrated, or migrated by an older release)."""
-    conn = connect(dsn, autocommit=autocommit)
+    statements do not find (a database never migrated, or migrated by an older release).
+    `session` as for `connect`."""
+    conn = connect(dsn, autocommit=autocommit, session=session)
     try:
         yield conn
     except UNMIGRATED as exc:

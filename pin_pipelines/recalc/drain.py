@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -24,7 +24,7 @@ from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.errors import first_line
 from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
-from pin_pipelines.recalc.counters import ENTITIES, record_outcome, record_tick
+from pin_pipelines.recalc.counters import ENTITIES, record_tick
 from pin_pipelines.tracing import current_traceparent, tracer
 from pin_pipelines.worker import Budget, never, run_until_spent
 
@@ -35,9 +35,25 @@ Q: Any = queries("recalc")
 Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "interrupted"]
 
 #: One project is a handful of indexed aggregates (spec: p99 < 2 s); a project whose work (one
-#: statement, recalc_claimed_project) runs far longer is stuck, and must not hold the tick
-#: (spec: tick < 30 s): it fails. Set for the drain's session (limit_waits).
+#: statement, recalc_project_step) runs far longer is stuck, and must not hold the tick
+#: (spec: tick < 30 s): it fails.
 STATEMENT_TIMEOUT = "10s"
+#: A project's work is one autocommit statement: how soon the server sees that its drain died
+#: (killed, OOM) and rolls the work back instead of running it on to its COMMIT, which leaves the
+#: attempt's claim to settle_abandoned_claims (a project that kills its drain ends as poison). A
+#: drain that dies in the last interval of a statement may see its work committed: complete, and
+#: the next claim, taken with it, is then counted as a failed run, as a claim abandoned before
+#: its work started always was.
+CLIENT_CHECK_INTERVAL = "100ms"
+#: The drain session's settings, in force from its first statement (db.connect's `session`). A
+#: drain that stops sending inside a transaction (stopped, or its host cut off) loses its session
+#: after the statement timeout, and with it the project's row locks: another drain takes the
+#: project over. Row lock waits are bounded by recalc_claimed_project itself (lock_timeout).
+DRAIN_SESSION = {
+    "statement_timeout": STATEMENT_TIMEOUT,
+    "idle_in_transaction_session_timeout": STATEMENT_TIMEOUT,
+    "client_connection_check_interval": CLIENT_CHECK_INTERVAL,
+}
 #: A row lock held by an HTTP edit of the same aggregate row is waited for this share of the
 #: server's deadlock_timeout (1 s by default), then the project is deferred to the next tick (no
 #: attempt counted): contention is not a poison. Below deadlock_timeout on purpose: when an API
@@ -144,10 +160,8 @@ def drain_tick(
         tracer().start_as_current_span(
             "recalc.tick", attributes={"correlationId": summary.correlation_id}
         ),
-        connection(dsn) as conn,
+        connection(dsn, autocommit=True, session=DRAIN_SESSION) as conn,
     ):
-        conn.autocommit = True  # each project opens its own transaction below
-        Q.limit_waits(conn, statement_timeout=STATEMENT_TIMEOUT)
         if batch_size is None:
             configured = Q.batch_size(conn)
             batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
@@ -165,20 +179,7 @@ def drain_tick(
             due=summary.due_at_start,
         )
         with _cancelled_after_stop(conn, stopping, grace) as attempt_running:
-            for _ in range(batch_size):
-                if stopping():
-                    summary.stopped_early = True
-                    break
-                attempted = [r.project_id for r in summary.results]
-                result = _process_next(
-                    conn, summary.correlation_id, attempted, stopping, attempt_running
-                )
-                if result is None:
-                    break
-                summary.results.append(result)
-                if result.outcome == "interrupted":
-                    summary.stopped_early = True
-                    break
+            _run_batch(conn, summary, batch_size, stopping, attempt_running)
         summary.poisoned = int(Q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
     totals = summary.as_dict()
@@ -280,26 +281,67 @@ class _Claim:
 
 
 @dataclass(frozen=True)
-class _Work:
-    """What recalc_claimed_project did with a claimed project (migration 0013)."""
+class _Step:
+    """What recalc_project_step did with a claimed project, and the tick's next claim, claimed
+    in the same transaction (migration 0014; next_* are NULL when none was asked for or ready)."""
 
     outcome: Literal["recalculated", "skipped_archived", "deferred", "failed"]
+    #: The work, from the statement's start to its outcome recorded (the histogram's).
+    duration_seconds: float
     buildings_written: int | None
     layouts_published: int | None
     layout_groups_published: int | None
     projects_published: int | None
-    #: A failure's SQLSTATE and its error as libpq prints it, without the severity.
-    error_state: str | None
-    error_message: str | None
+    #: A failure as stored in last_error: psycopg's exception name for its SQLSTATE, then the
+    #: error as libpq prints it, at most 1024 characters.
+    error: str | None
+    #: A failed project's failed runs, this one included.
+    attempt_count: int | None
+    next_project_id: UUID | None
+    next_tenant_id: UUID | None
+    next_last_reason: str | None
+    next_requested_count: int | None
+    next_attempt_count: int | None
+    next_waited_seconds: float | None
+    next_claimed_at: datetime | None
+    next_previous_attempted_at: datetime | None
 
-    def error(self) -> str:
-        """A failure as the drain logs and stores it: the psycopg error's name and its text, as
-        an exception raised to the drain would read."""
-        try:
-            name = pg_errors.lookup(self.error_state or "").__name__
-        except KeyError:
-            name = f"SQLSTATE {self.error_state}"
-        return f"{name}: {self.error_message}".strip()
+    def next_claim(self) -> _Claim | None:
+        """The tick's next claim: the next_* columns are _Claim's fields."""
+        if self.next_project_id is None:
+            return None
+        return _Claim(**{f.name: getattr(self, f"next_{f.name}") for f in fields(_Claim)})
+
+    def result(self, claim: _Claim) -> ProjectResult:
+        if self.outcome == "recalculated":
+            return ProjectResult(
+                claim.project_id,
+                "recalculated",
+                self.duration_seconds,
+                republished={
+                    "layout": self.layouts_published or 0,
+                    "layout_group": self.layout_groups_published or 0,
+                    "project": self.projects_published or 0,
+                },
+                buildings_updated=self.buildings_written or 0,
+                requested_count=claim.requested_count,
+            )
+        if self.outcome == "skipped_archived":
+            return ProjectResult(
+                claim.project_id,
+                "skipped_archived",
+                self.duration_seconds,
+                requested_count=claim.requested_count,
+            )
+        if self.outcome == "deferred":
+            return ProjectResult(claim.project_id, "deferred", self.duration_seconds)
+        return ProjectResult(
+            claim.project_id,
+            "failed",
+            self.duration_seconds,
+            error=self.error,
+            attempt_count=self.attempt_count,
+        )
 
 
 #: The log line of each outcome of a claimed project: its event and level.
@@ -338,28 +380,72 @@ def _cancelled_after_stop(
         watcher.join()
 
 
-def _process_next(
+def _run_batch(
+    conn: psycopg.Connection,
+    summary: TickSummary,
+    batch_size: int,
+    stopping: Callable[[], bool],
+    attempt_running: threading.Event,
+) -> None:
+    """Up to `batch_size` projects, one claimed at a time: the first alone, each next one by the
+    previous project's work transaction. A claim still in hand when the batch ends (a stop
+    between projects, an exception) is given back."""
+    claim: _Claim | None = None
+    try:
+        for done in range(batch_size):
+            if stopping():
+                summary.stopped_early = True
+                break
+            # A row already tried in this tick (failed, or deferred on a lock) waits for the
+            # next one. The first claim commits on its own (autocommit), before the work: a
+            # drain that dies inside the project has still counted the attempt.
+            attempted = [r.project_id for r in summary.results]
+            if claim is None:
+                claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
+                if claim is None:
+                    break
+            in_hand, claim = claim, None
+            claim_next = done + 1 < batch_size and not stopping()
+            result, claim = _process(
+                conn,
+                summary.correlation_id,
+                in_hand,
+                attempted,
+                claim_next,
+                stopping,
+                attempt_running,
+            )
+            summary.results.append(result)
+            if result.outcome == "interrupted":
+                summary.stopped_early = True
+                break
+    finally:
+        if claim is not None:
+            _give_back(conn, claim, claim.log_fields(summary.correlation_id))
+
+
+def _process(
     conn: psycopg.Connection,
     correlation_id: str,
+    claim: _Claim,
     attempted: list[UUID],
+    claim_next: bool,
     should_stop: Callable[[], bool],
     attempt_running: threading.Event,
-) -> ProjectResult | None:
-    # A row already tried in this tick (failed, or deferred on a lock) waits for the next one.
-    # The claim commits on its own (autocommit), before the work: a drain that dies inside the
-    # project (OOM kill, a terminated connection) has still counted the attempt.
-    claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
-    if claim is None:
-        return None
+) -> tuple[ProjectResult, _Claim | None]:
+    """One claimed project, in its span; its result, and the next claim when one was asked for
+    and a project is ready."""
     fields = claim.log_fields(correlation_id)
     started = time.perf_counter()
     attempt_running.set()
     span = tracer().start_as_current_span(
         "recalc.project", attributes=claim.span_attributes(correlation_id)
     )
+    next_claim: _Claim | None = None
     try:
         with span:
-            result = _attempt(conn, claim, started)
+            step = _attempt(conn, claim, attempted, claim_next)
+        result, next_claim = step.result(claim), step.next_claim()
     except pg_errors.LockNotAvailable:
         # The claimed row's lock waited past lock_timeout for a raiser's upsert of it (an edit
         # in flight since the claim's commit): contention, like a lock wait inside the
@@ -381,7 +467,7 @@ def _process_next(
         attempt_running.clear()
     event, level = _OUTCOME_EVENTS[result.outcome]
     log_event(log, event, level=level, **fields, **_outcome_fields(claim, result))
-    return result
+    return result, next_claim
 
 
 def _outcome_fields(claim: _Claim, result: ProjectResult) -> dict[str, Any]:
@@ -403,60 +489,31 @@ def _outcome_fields(claim: _Claim, result: ProjectResult) -> dict[str, Any]:
     return {}
 
 
-def _attempt(conn: psycopg.Connection, claim: _Claim, started: float) -> ProjectResult:
-    """The work transaction of one claimed project; its outcome is recorded in it, while it
-    still holds the claimed row (a failure's work was rolled back to the function's savepoint).
-    A stop's cancel and a lock wait on the claimed row itself leave it as exceptions. (psycopg's
-    pipeline mode, sending BEGIN with the call and the counters with COMMIT, measured no faster
-    in bench_recalc, and a lost connection then logged a warning line per queued statement.)"""
-    with conn.transaction():
-        work = fetch_one(
-            Q.recalc_claimed_project,
-            conn,
-            _Work,
-            project_id=claim.project_id,
-            claimed_at=claim.claimed_at,
-            traceparent=current_traceparent(),
-            lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
-        )
-        assert work is not None  # the function returns one row
-        took = time.perf_counter() - started
-        if work.outcome == "recalculated":
-            result = ProjectResult(
-                claim.project_id,
-                "recalculated",
-                took,
-                republished={
-                    "layout": work.layouts_published or 0,
-                    "layout_group": work.layout_groups_published or 0,
-                    "project": work.projects_published or 0,
-                },
-                buildings_updated=work.buildings_written or 0,
-                requested_count=claim.requested_count,
-            )
-        elif work.outcome == "skipped_archived":
-            result = ProjectResult(
-                claim.project_id, "skipped_archived", took, requested_count=claim.requested_count
-            )
-        elif work.outcome == "deferred":
-            # A row lock held elsewhere (contention is not a poison): the attempt is given back.
-            # Or the claim is no longer this drain's (deleted or requeued by hand, or settled as
-            # abandoned after this drain stalled past retry_interval): release_claim, matching
-            # on claimed_at, then changes nothing.
-            Q.release_claim(conn, **claim.release_params())
-            result = ProjectResult(claim.project_id, "deferred", took)
-        else:
-            error = work.error()
-            failed_runs = Q.record_failure(conn, project_id=claim.project_id, error=error)
-            result = ProjectResult(
-                claim.project_id,
-                "failed",
-                took,
-                error=error[:1024],
-                attempt_count=int(failed_runs),
-            )
-        record_outcome(conn, result)  # counters commit with the outcome
-    return result
+def _attempt(
+    conn: psycopg.Connection, claim: _Claim, attempted: list[UUID], claim_next: bool
+) -> _Step:
+    """The work transaction of one claimed project, one statement in autocommit
+    (recalc_project_step): the work, its outcome recorded while it still holds the claimed row (a
+    failure's work rolled back to the function's savepoint), the counters, and the next claim.
+    A stop's cancel and a lock wait on the claimed row itself leave it as exceptions, the whole
+    statement rolled back. (psycopg's pipeline mode, sending BEGIN with the call and the counters
+    with COMMIT when they were statements of their own, measured no faster in bench_recalc, and
+    a lost connection then logged a warning line per queued statement.)"""
+    step = fetch_one(
+        Q.recalc_project_step,
+        conn,
+        _Step,
+        project_id=claim.project_id,
+        claimed_at=claim.claimed_at,
+        previous_attempted_at=claim.previous_attempted_at,
+        requested_count=claim.requested_count,
+        traceparent=current_traceparent(),
+        lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
+        claim_next=claim_next,
+        attempted=attempted,
+    )
+    assert step is not None  # the function returns one row
+    return step
 
 
 def _give_back(conn: psycopg.Connection, claim: _Claim, fields: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -233,8 +234,8 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
     attempt = drain._attempt
 
     def edit_in_flight_first(
-        conn: psycopg.Connection, claim: drain._Claim, started: float
-    ) -> drain.ProjectResult:
+        conn: psycopg.Connection, claim: drain._Claim, *arguments: Any
+    ) -> drain._Step:
         if claim.project_id == first and not committing.is_alive():
             edit.execute(
                 "SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
@@ -242,7 +243,7 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
                 (first,),
             )
             committing.start()
-        return attempt(conn, claim, started)
+        return attempt(conn, claim, *arguments)
 
     committing = threading.Timer(1.5, edit.commit)
     # The work transaction's start, right after the claim's commit.

@@ -1,13 +1,15 @@
 -- Named queries of the recalc drain (spec 000, "Алгоритм"). Parameters are :named (aiosql).
 --
--- A project is two transactions. The claim (claim_due_request) commits on its own: it counts the
--- attempt and stamps attempted_at, so a drain that dies inside the project has still counted it
--- (migration 0006). The work transaction then locks the claimed row again and holds it to its
--- end: recalc_claimed_project, one function call (migration 0013) for the work's steps.
+-- A project's attempt is committed before its work starts, so a drain that dies inside the
+-- project has still counted it (migrations 0006, 0012). A tick's first claim (claim_due_request)
+-- commits on its own; every project's work transaction is then one statement
+-- (recalc_project_step, migration 0014) that locks the claimed row again and holds it to its
+-- end, records the outcome, and claims the tick's next project in the same COMMIT.
 --
 -- Lock order inside one project's work transaction, always the same so drains cannot deadlock
 -- each other: queue row → project row → buildings → layouts → layout groups (all locked before
--- any recalc statement updates the rows whose values changed).
+-- any recalc statement updates the rows whose values changed); the next project's queue row is
+-- claimed last, with SKIP LOCKED, which never waits.
 
 -- Every aggregate is a function of its own project's rows only (spec step 4: "по ProjectId = @p"):
 -- an object counts for a building or layout, and a layout for a group, only when both carry the
@@ -52,12 +54,14 @@ WHERE r.project_id = abandoned.project_id
 RETURNING r.project_id, r.attempt_count, r.last_error;
 
 -- name: claim_due_request(attempted)^
--- One ready row, oldest due_at first, stamped in this statement's own transaction (the caller
--- runs it alone, in autocommit, before the work starts; `relaxed` makes that commit not wait
--- for the WAL flush: only a server crash within a fraction of a second could forget the claim,
--- and the work transaction's commit flushes it anyway): claimed_at marks the attempt in
--- progress, attempted_at starts the retry clock. No attempt is counted here: attempt_count is failed runs, counted by
--- record_failure, or by settle_abandoned_claims for a drain that died.
+-- A tick's first project (later ones are claimed by recalc_project_step, with the previous
+-- project's work): one ready row, oldest due_at first, stamped in this statement's own
+-- transaction (the caller runs it alone, in autocommit, before the work starts; `relaxed` makes
+-- that commit not wait for the WAL flush: only a server crash within a fraction of a second
+-- could forget the claim, and the work transaction's commit flushes it anyway): claimed_at marks
+-- the attempt in progress, attempted_at starts the retry clock (migration 0014's
+-- chessboard.claim_due_request). No attempt is counted here: attempt_count is failed runs,
+-- counted by recalc_project_step, or by settle_abandoned_claims for a drain that died.
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
 -- share the queue and no project is recalculated twice at once; a claimed row is not ready
 -- (claimed_at) in the moment between another drain's claim and its work transaction either.
@@ -68,56 +72,27 @@ RETURNING r.project_id, r.attempt_count, r.last_error;
 -- (pgbench, bench/) excludes nothing.
 WITH relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
-), ready AS (
-    SELECT r.project_id, r.attempted_at
-    FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s, relaxed
-    WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts AND r.claimed_at IS NULL
-      AND (r.attempted_at IS NULL OR r.attempted_at + s.retry_interval <= now())
-      AND r.project_id <> ALL (coalesce(:attempted::uuid[], '{}'))
-    ORDER BY r.due_at
-    LIMIT 1
-    FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE chessboard.project_recalc_requests r
-SET claimed_at = now(), attempted_at = now()
-FROM ready
-WHERE r.project_id = ready.project_id
-RETURNING r.project_id, r.tenant_id, r.last_reason, r.requested_count, r.attempt_count,
-          extract(epoch FROM now() - r.first_requested_at)::float8 AS waited_seconds,
-          r.claimed_at, ready.attempted_at AS previous_attempted_at;
+SELECT c.project_id, c.tenant_id, c.last_reason, c.requested_count, c.attempt_count,
+       c.waited_seconds, c.claimed_at, c.previous_attempted_at
+FROM relaxed, chessboard.claim_due_request(:attempted::uuid[]) c;
 
 -- name: release_claim(project_id, claimed_at, previous_attempted_at)!
--- An attempt that ended without a verdict on the project (deferred on a row lock, interrupted by
--- a stop) is given back: no attempt in progress, the retry clock as before the claim.
-UPDATE chessboard.project_recalc_requests
-SET claimed_at = NULL, attempted_at = :previous_attempted_at
-WHERE project_id = :project_id AND claimed_at = :claimed_at;
+-- An attempt that ended without a verdict on the project (interrupted by a stop, or a lock wait
+-- on the claimed row itself), or a claim in hand when the tick stops, is given back: no attempt
+-- in progress, the retry clock as before the claim (migration 0014).
+SELECT chessboard.release_claim(:project_id, :claimed_at, :previous_attempted_at);
 
--- name: limit_waits(statement_timeout)^
--- For the drain's session, set once per tick. A drain that stops sending inside a transaction
--- (stopped, or its host cut off) loses its session after statement_timeout, and with it the
--- project's row locks: another drain takes the project over; a project that runs longer is
--- stuck, and is cancelled. Row lock waits are bounded by recalc_claimed_project itself.
-SELECT set_config('statement_timeout', :statement_timeout, false),
-       set_config('idle_in_transaction_session_timeout', :statement_timeout, false);
-
--- name: recalc_claimed_project(project_id, claimed_at, traceparent, lock_share)^
--- The work of one claimed project (migration 0013): the claimed row locked again, then in a
--- savepoint the project's rows locked, the four aggregate tables recomputed, the changed
--- snapshots published and the request deleted. Its outcome, counts and a failure's error are
--- the row; the caller's transaction holds the claimed row until it has recorded the outcome.
-SELECT * FROM chessboard.recalc_claimed_project(:project_id, :claimed_at, :traceparent,
-                                                :lock_share);
-
--- name: record_failure(project_id, error)$
--- After the project's work was rolled back (to a savepoint, so the row lock is still held): one
--- more failed run, its error, no attempt in progress. due_at stays, so a later tick retries, and
--- attempt_count at poison_attempts parks the row. Returns the new attempt_count.
-UPDATE chessboard.project_recalc_requests
-SET attempt_count = attempt_count + 1, last_error = left(:error, 1024), claimed_at = NULL,
-    updated_at = now()
-WHERE project_id = :project_id
-RETURNING attempt_count;
+-- name: recalc_project_step(project_id, claimed_at, previous_attempted_at, requested_count, traceparent, lock_share, claim_next, attempted)^
+-- One claimed project's work transaction, sent alone in autocommit (migration 0014): the work
+-- (recalc_claimed_project: the claimed row locked again, then in a savepoint the project's rows
+-- locked, the four aggregate tables recomputed, the changed snapshots published and the request
+-- deleted), its outcome recorded while the claimed row is held (release_claim for "deferred",
+-- the failed run for "failed", the counters), and, when claim_next, the tick's next project
+-- claimed (next_*), all committed at once.
+SELECT * FROM chessboard.recalc_project_step(
+    :project_id, :claimed_at, :previous_attempted_at, :requested_count, :traceparent,
+    :lock_share, :claim_next, :attempted::uuid[]);
 
 -- name: poisoned_requests()
 -- Rows parked for triage (runbook: fix the data, then requeue).
@@ -174,33 +149,11 @@ SELECT count(*) FROM requeued;
 -- name: count_poisoned()$
 SELECT count(*) FROM chessboard.poisoned_recalc_requests();
 
--- Counters of the drain, read by the exporter (metrics.sql). They run inside the transaction of
--- the work they count, so a rolled-back project counts nothing and a committed one counts exactly
+-- Counters of the drain, read by the exporter (metrics.sql). They are written inside the
+-- transaction of the work they count (recalc_project_step, with record_recalc_outcome of
+-- migration 0014), so a rolled-back project counts nothing and a committed one counts exactly
 -- once, whichever process ran it. Each session writes its own shard (mod(pg_backend_pid(), 16)):
 -- concurrent drains do not queue on counter rows. The exporter sums the shards at scrape time.
-
--- name: record_recalc_outcome(result, duration, coalesced, project, layout, layout_group)!
--- One claimed project: runs_total{result}, the events it coalesced, the snapshots it republished
--- per entity and (when duration is not NULL) one histogram observation. Zero increments are not
--- written; the exporter serves every known label with 0 until it is first counted. Rows are
--- upserted in key order, so two sessions sharing a shard cannot deadlock.
-INSERT INTO chessboard.metric_counters AS c (metric, label, shard, value)
-SELECT d.metric, d.label, mod(pg_backend_pid(), 16), d.value
-FROM (VALUES
-    ('runs', :result::text, 1::float8),
-    ('coalesced_events', '', :coalesced::float8),
-    ('republished', 'project', :project::float8),
-    ('republished', 'layout', :layout::float8),
-    ('republished', 'layout_group', :layout_group::float8),
-    ('duration_sum', '', :duration::float8),
-    ('duration_bucket',
-     coalesce((SELECT min(b.le) FROM chessboard.recalc_duration_buckets b
-               WHERE b.le >= :duration::float8)::text, '+Inf'),
-     CASE WHEN :duration::float8 IS NULL THEN 0 ELSE 1 END)
-) AS d (metric, label, value)
-WHERE d.value <> 0
-ORDER BY d.metric, d.label
-ON CONFLICT (metric, label, shard) DO UPDATE SET value = c.value + excluded.value;
 
 -- name: record_tick()!
 -- Worker liveness: every drain tick, even one with nothing due, moves the timestamp.
