@@ -28,6 +28,7 @@ CHURN_TABLES = (
     "chessboard.project_recalc_requests",
     "chessboard.outbox_events",
     "chessboard.metric_counters",
+    "chessboard.recalc_outcomes",
     "chessboard.recalc_worker_ticks",
     "chessboard.outbox_topic_stats",
 )

@@ -231,9 +231,9 @@ ORDER BY 1;
 SELECT (SELECT count(*) FROM chessboard.project_recalc_requests) AS queued,
        (SELECT count(*) FROM chessboard.project_recalc_requests WHERE due_at <= now()) AS due,
        (SELECT count(*) FROM chessboard.outbox_events) AS outbox,
-       (SELECT coalesce(sum(value), 0) FROM chessboard.metric_counters
+       (SELECT coalesce(sum(value), 0) FROM chessboard.metric_counter_rows
         WHERE metric = 'runs' AND label = 'success') AS recalculated,
-       (SELECT coalesce(sum(value), 0) FROM chessboard.metric_counters
+       (SELECT coalesce(sum(value), 0) FROM chessboard.metric_counter_rows
         WHERE metric = 'duration_sum') AS recalc_seconds,
        (SELECT coalesce(sum(published), 0) FROM chessboard.outbox_topic_stats) AS relayed;
 

@@ -1,8 +1,8 @@
-"""The drain's counters, written where it counts: inside each project's work transaction (the
-`record_recalc_outcome` of migration 0014, called by `recalc_project_step`), so a rolled-back
-project counts nothing, a committed one exactly once, and the count survives the process; and the
-tick's liveness (`record_tick`). The exporter (`pin_pipelines.metrics`) only reads them, with the
-label values below."""
+"""The drain's counters, written where it counts: inside each project's work transaction (one
+outcome row, `record_recalc_outcome` of migration 0014, called by `recalc_project_step`), so a
+rolled-back project counts nothing, a committed one exactly once, and the count survives the
+process; folded into the counters at each tick's end, with the tick's liveness (`record_tick`).
+The exporter (`pin_pipelines.metrics`) only reads them, with the label values below."""
 
 from __future__ import annotations
 
@@ -29,5 +29,7 @@ ENTITIES = ("project", "layout", "layout_group")
 
 
 def record_tick(conn: psycopg.Connection) -> None:
-    """Worker liveness: one drain tick happened now (also when nothing was due)."""
+    """A tick's end: the projects' outcome rows folded into the counters, and worker liveness
+    (one drain tick happened now, also when nothing was due)."""
+    Q.fold_recalc_outcomes(conn)
     Q.record_tick(conn)

@@ -53,6 +53,7 @@ DRAIN_SESSION = {
     "statement_timeout": STATEMENT_TIMEOUT,
     "idle_in_transaction_session_timeout": STATEMENT_TIMEOUT,
     "client_connection_check_interval": CLIENT_CHECK_INTERVAL,
+    "plan_cache_mode": "force_generic_plan",
 }
 #: A row lock held by an HTTP edit of the same aggregate row is waited for this share of the
 #: server's deadlock_timeout (1 s by default), then the project is deferred to the next tick (no
@@ -344,6 +345,9 @@ class _Step:
         )
 
 
+#: Outcomes that leave the project's queue row in place for a later tick.
+_STILL_QUEUED = frozenset({"failed", "deferred"})
+
 #: The log line of each outcome of a claimed project: its event and level.
 _OUTCOME_EVENTS: dict[Outcome, tuple[str, int]] = {
     "recalculated": ("project_recalculated", logging.INFO),
@@ -397,9 +401,12 @@ def _run_batch(
                 summary.stopped_early = True
                 break
             # A row already tried in this tick (failed, or deferred on a lock) waits for the
-            # next one. The first claim commits on its own (autocommit), before the work: a
-            # drain that dies inside the project has still counted the attempt.
-            attempted = [r.project_id for r in summary.results]
+            # next one; only those rows are still queued (the others were deleted), so only
+            # they are passed: a list of every project done, dumped with each claim, cost the
+            # drain ~0.08 ms per project at a batch of 50. The first claim commits on its own
+            # (autocommit), before the work: a drain that dies inside the project has still
+            # counted the attempt.
+            attempted = [r.project_id for r in summary.results if r.outcome in _STILL_QUEUED]
             if claim is None:
                 claim = fetch_one(Q.claim_due_request, conn, _Claim, attempted=attempted)
                 if claim is None:

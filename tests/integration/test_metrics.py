@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -34,7 +35,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def metrics_db(db: psycopg.Connection) -> psycopg.Connection:
     """The shared `db` fixture empties the chessboard tables; these are the exporter's own."""
     db.execute(
-        "TRUNCATE chessboard.metric_counters, chessboard.recalc_worker_ticks,"
+        "TRUNCATE chessboard.metric_counters, chessboard.recalc_outcomes,"
+        " chessboard.recalc_worker_ticks,"
         " chessboard.recalc_scheduler_beats,"
         " chessboard.outbox_topic_stats"
     )
@@ -306,3 +308,42 @@ def test_loader_inserted_and_stale_counts_reach_the_exporter(
     samples = scrape(exporter.port)
     assert value(samples, "devstats_loader_inserted_total") == 1
     assert value(samples, "devstats_loader_skipped_stale_total") == 1
+
+
+def test_an_outcome_is_counted_once_before_and_after_its_fold(
+    metrics_db: psycopg.Connection, pg_dsn: str, settings: Settings
+) -> None:
+    """A project's outcome is one row written with its work (migration 0014), folded into the
+    counters at a tick's end. Tried: a scrape while the row waits to be folded (a drain killed
+    before its tick's end leaves it so), then two folds at once in two sessions while another
+    outcome is written: every scrape counts each outcome exactly once, the histogram too."""
+    db = metrics_db
+    outcome = "SELECT chessboard.record_recalc_outcome('success', 0.007, 3, 1, 2, 0)"
+    db.execute(outcome)
+    server = start_metrics_server(settings, port=0, addr="127.0.0.1")
+    try:
+        pending = scrape(server.port)
+        with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn) as second:
+            first.execute("SELECT chessboard.fold_recalc_outcomes()")
+            db.execute(outcome)  # committed while the first fold is still open
+            folding = threading.Thread(
+                target=second.execute, args=("SELECT chessboard.fold_recalc_outcomes()",)
+            )
+            folding.start()  # waits for the first fold's rows, then passes them over
+            first.commit()
+            folding.join()
+            second.commit()
+        folded = scrape(server.port)
+    finally:
+        server.close()
+    assert db.execute("SELECT count(*) FROM chessboard.recalc_outcomes").fetchone() == (0,)
+    for samples, runs in ((pending, 1), (folded, 2)):
+        assert value(samples, "chessboard_recalc_runs_total", result="success") == runs
+        assert value(samples, "chessboard_recalc_coalesced_events_total") == 3 * runs
+        assert value(samples, "chessboard_recalc_republished_total", entity="project") == runs
+        assert value(samples, "chessboard_recalc_republished_total", entity="layout") == 2 * runs
+        assert value(samples, "chessboard_recalc_process_duration_seconds_count") == runs
+        assert value(samples, "chessboard_recalc_process_duration_seconds_bucket", le="0.005") == 0
+        assert (
+            value(samples, "chessboard_recalc_process_duration_seconds_bucket", le="0.01") == runs
+        )

@@ -19,9 +19,10 @@ FROM chessboard.recalc_settings s
 LEFT JOIN chessboard.project_recalc_requests r ON true;
 
 -- name: counter_totals()
--- Every persisted counter, shards summed: (metric, label, value).
+-- Every persisted counter, shards summed, with the drain's outcome rows not folded yet
+-- (metric_counter_rows, migration 0014): (metric, label, value).
 SELECT metric, label, sum(value)::float8 AS value
-FROM chessboard.metric_counters
+FROM chessboard.metric_counter_rows
 GROUP BY metric, label
 ORDER BY metric, label;
 

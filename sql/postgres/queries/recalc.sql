@@ -155,6 +155,11 @@ SELECT count(*) FROM chessboard.poisoned_recalc_requests();
 -- once, whichever process ran it. Each session writes its own shard (mod(pg_backend_pid(), 16)):
 -- concurrent drains do not queue on counter rows. The exporter sums the shards at scrape time.
 
+-- name: fold_recalc_outcomes()!
+-- A tick's end: the outcome rows its projects (and any other drain's) committed, added to
+-- metric_counters in one transaction (migration 0014).
+SELECT chessboard.fold_recalc_outcomes();
+
 -- name: record_tick()!
 -- Worker liveness: every drain tick, even one with nothing due, moves the timestamp.
 INSERT INTO chessboard.recalc_worker_ticks AS t (shard, ticks, last_tick_at)
