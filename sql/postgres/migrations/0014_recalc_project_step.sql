@@ -480,9 +480,9 @@ $$;
 -- even queued for its UPDATEs. They would find nothing: the recalc writes only the columns the
 -- raisers leave out as derived (hierarchy_raise, projects_raise: aggregates, version,
 -- updated_at, published_snapshot), so no project is ever enqueued by them; but each cost a
--- plpgsql call over its transition tables, four per project even when nothing changed: ~0.3 ms
--- of the server's CPU per project, a fifth of the whole (bench_recalc, an ablation with them
--- disabled). Every other writer (an edit, the API, a migration) fires them as before; the
+-- plpgsql call over its transition tables, four per project even when nothing changed:
+-- 0.2-0.3 ms of the server's CPU per project, a fifth of the whole (bench_recalc, an ablation
+-- with them disabled). Every other writer (an edit, the API, a migration) fires them as before; the
 -- setting is transaction-local and named for this one purpose.
 CREATE OR REPLACE TRIGGER buildings_raise_update AFTER UPDATE ON chessboard.buildings
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
