@@ -12,8 +12,9 @@
    first drain of both (unmeasured), --rounds rounds; each round measures, per workload and per
    worker count (1 and 2: processes with their own connections, sharing the queue through SKIP
    LOCKED), one pass of each side, the side going first alternating. A pass makes every project
-   due and drains the whole queue in ticks of --batch projects, a connection per tick (the
-   product: `drain_tick` as a drain run calls it; the baseline: the same tick shape). Workloads
+   due and drains the whole queue in ticks of --batch projects on one connection per worker
+   (the product: one drain run, `drain_until_idle` as the Dagster op calls it; the baseline:
+   the same shape). Workloads
    (the same statements on both sides before the pass):
      steady   nothing changed since the last drain: nothing is written but the queue;
      edited   one object per project moved between Free and Hidden: a building, a layout and
@@ -76,7 +77,7 @@ from _cpu import process_cpu_seconds
 
 from pin_pipelines.config import SQL_DIR, dsn_with_dbname
 from pin_pipelines.recalc import drain
-from pin_pipelines.recalc.drain import drain_tick
+from pin_pipelines.recalc.drain import drain_tick, drain_until_idle
 from pin_pipelines.stack.postgres import bindir
 from tests.support.truth import actual_aggregates, drift, versions
 
@@ -209,6 +210,8 @@ BASELINE_CLAIM = (
 )
 BASELINE_RECALC = "SELECT bench_baseline.recalc_project(%s)"
 BASELINE_DELETE = "DELETE FROM chessboard.project_recalc_requests WHERE project_id = %s"
+#: A pass is one drain run per worker: its budget only bounds a pass that went wrong.
+PASS_BUDGET_SECONDS = 600.0
 
 #: What each workload changes before its pass, the same statements in both databases. The data
 #: modifications fire the raisers (the rewrite's touch only derived columns, which never
@@ -343,44 +346,38 @@ def _metered(meter: BackendCpu, conn: psycopg.Connection) -> Iterator[None]:
 
 
 def product_drain(dsn: str, meter: BackendCpu) -> int:
-    """Ticks of the configured batch size until one finds nothing due, as drain runs tick;
-    every project must be recalculated."""
-    done = 0
+    """One drain run (`drain_until_idle`, as the Dagster op runs it): ticks of the configured
+    batch size on one connection until one finds nothing due; every project must be
+    recalculated."""
     with product_connections(lambda conn: _metered(meter, conn)):
-        while True:
-            tick = drain_tick(dsn)
-            if not tick.results:
-                return done
-            outcomes = Counter(r.outcome for r in tick.results)
-            assert set(outcomes) == {"recalculated"}, outcomes
-            done += len(tick.results)
+        run = drain_until_idle(dsn, budget_seconds=PASS_BUDGET_SECONDS, wait_for_due_within=0)
+    outcomes = Counter(r.outcome for tick in run.ticks for r in tick.results)
+    assert set(outcomes) == {"recalculated"}, outcomes
+    return outcomes["recalculated"]
 
 
-def baseline_tick(
-    dsn: str,
-    batch: int,
-    around: Callable[[psycopg.Connection], AbstractContextManager[object]],
-) -> int:
-    """Up to `batch` projects on a connection of their own (the product's tick shape), per
-    project one transaction, committed once; returns the projects done."""
+def baseline_tick(conn: psycopg.Connection, batch: int) -> int:
+    """Up to `batch` projects, per project one transaction, committed once; returns the
+    projects done."""
     claimed = 0
-    with psycopg.connect(dsn, autocommit=True) as conn, around(conn):
-        for _ in range(batch):
-            with conn.transaction():
-                row = conn.execute(BASELINE_CLAIM).fetchone()
-                if row is None:
-                    break
-                conn.execute(BASELINE_RECALC, row)
-                conn.execute(BASELINE_DELETE, row)
-            claimed += 1
+    for _ in range(batch):
+        with conn.transaction():
+            row = conn.execute(BASELINE_CLAIM).fetchone()
+            if row is None:
+                break
+            conn.execute(BASELINE_RECALC, row)
+            conn.execute(BASELINE_DELETE, row)
+        claimed += 1
     return claimed
 
 
 def baseline_drain(dsn: str, batch: int, meter: BackendCpu) -> int:
-    """The baseline's drain: ticks until one finds nothing due."""
+    """The baseline's drain in the product's shape: one connection, ticks until one finds
+    nothing due."""
     done = 0
-    while claimed := baseline_tick(dsn, batch, lambda conn: _metered(meter, conn)):
-        done += claimed
+    with psycopg.connect(dsn, autocommit=True) as conn, _metered(meter, conn):
+        while claimed := baseline_tick(conn, batch):
+            done += claimed
     return done
 
 
@@ -545,7 +542,8 @@ def round_trips(dsns: dict[str, str], batch: int) -> dict[str, Any]:
                 with product_connections(traced):
                     projects = len(drain_tick(dsn).results)
             else:
-                projects = baseline_tick(dsn, batch, traced)
+                with psycopg.connect(dsn, autocommit=True) as conn, traced(conn):
+                    projects = baseline_tick(conn, batch)
             trace.seek(0)
             sent = re.findall(r"^[^\t]*\tF\t\d+\t(Query|Sync)\b(.*)$", trace.read(), re.M)
         out[side] = {

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -138,6 +138,12 @@ class TickSummary:
         }
 
 
+def drain_connection(dsn: str) -> AbstractContextManager[psycopg.Connection]:
+    """A connection in the drain's session (DRAIN_SESSION), autocommit: each project's work is
+    one statement."""
+    return connection(dsn, autocommit=True, session=DRAIN_SESSION)
+
+
 def drain_tick(
     dsn: str,
     *,
@@ -147,21 +153,40 @@ def drain_tick(
     stop_grace_seconds: float = STOP_GRACE_SECONDS,
     budget_seconds: float = TICK_BUDGET_SECONDS,
 ) -> TickSummary:
-    """One worker tick. `should_stop` is checked between projects (graceful cancellation: the
-    project in hand commits or rolls back whole, the rest stays queued); a project still running
-    `stop_grace_seconds` after the stop is cancelled. The tick's own budget ends it the same way:
-    it stops claiming `stop_grace_seconds` before the end (at most half the budget) and cancels
-    the project in hand at the end. `correlation_id` tags every log line of the tick (a Dagster
-    run passes its run id and tick number)."""
+    """One worker tick on a connection of its own (`pin recalc drain --once`); a drain run ticks
+    on one connection throughout (drain_until_idle). See tick_on."""
+    with drain_connection(dsn) as conn:
+        return tick_on(
+            conn,
+            batch_size=batch_size,
+            should_stop=should_stop,
+            correlation_id=correlation_id,
+            stop_grace_seconds=stop_grace_seconds,
+            budget_seconds=budget_seconds,
+        )
+
+
+def tick_on(
+    conn: psycopg.Connection,
+    *,
+    batch_size: int | None = None,
+    should_stop: Callable[[], bool] = never,
+    correlation_id: str | None = None,
+    stop_grace_seconds: float = STOP_GRACE_SECONDS,
+    budget_seconds: float = TICK_BUDGET_SECONDS,
+) -> TickSummary:
+    """One worker tick on `conn` (a drain_connection). `should_stop` is checked between projects
+    (graceful cancellation: the project in hand commits or rolls back whole, the rest stays
+    queued); a project still running `stop_grace_seconds` after the stop is cancelled. The tick's
+    own budget ends it the same way: it stops claiming `stop_grace_seconds` before the end (at
+    most half the budget) and cancels the project in hand at the end. `correlation_id` tags every
+    log line of the tick (a Dagster run passes its run id and tick number)."""
     started = time.perf_counter()
     grace = min(stop_grace_seconds, budget_seconds / 2)
     stopping = Budget(budget_seconds - grace, should_stop).stopping
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
-    with (
-        tracer().start_as_current_span(
-            "recalc.tick", attributes={"correlationId": summary.correlation_id}
-        ),
-        connection(dsn, autocommit=True, session=DRAIN_SESSION) as conn,
+    with tracer().start_as_current_span(
+        "recalc.tick", attributes={"correlationId": summary.correlation_id}
     ):
         if batch_size is None:
             configured = Q.batch_size(conn)
@@ -596,7 +621,11 @@ def seconds_until_next_due(dsn: str, *, beat_as: str | None = None) -> float | N
     with connection(dsn, autocommit=True) as conn:
         if beat_as is not None:
             Q.record_scheduler_beat(conn, scheduler=beat_as)
-        value = Q.next_due_in_seconds(conn)
+        return _seconds_until_next_due(conn)
+
+
+def _seconds_until_next_due(conn: psycopg.Connection) -> float | None:
+    value = Q.next_due_in_seconds(conn)
     return None if value is None else float(value)
 
 
@@ -610,6 +639,11 @@ def drain_until_idle(
 ) -> DrainRunSummary:
     """Tick until nothing is due, or the budget is spent: one run launch serves many ticks.
 
+    The ticks share one connection: a new backend costs the server ~10 ms of CPU before its
+    first project (its start, the catalog, the drain's plpgsql compiled and planned), as much
+    as ten steady projects, and a run waiting for rows ticks every second. A connection lost
+    between ticks ends the run like one lost inside a tick.
+
     A row that falls due within `wait_for_due_within` seconds is waited for rather than left to
     the next launch, which costs seconds of scheduling lag on a busy daemon (a stop ends that
     wait at once). Tick n logs with correlation id `<correlation_prefix>.<n>` when a prefix (the
@@ -617,19 +651,21 @@ def drain_until_idle(
     """
     budget = Budget(budget_seconds, should_stop)
     run = DrainRunSummary()
+    with drain_connection(dsn) as conn:
 
-    def tick() -> DrainRunSummary:
-        tick_id = f"{correlation_prefix}.{len(run.ticks) + 1}" if correlation_prefix else None
-        return DrainRunSummary(
-            [drain_tick(dsn, should_stop=budget.stopping, correlation_id=tick_id)]
-        )
+        def tick() -> DrainRunSummary:
+            tick_id = f"{correlation_prefix}.{len(run.ticks) + 1}" if correlation_prefix else None
+            return DrainRunSummary(
+                [tick_on(conn, should_stop=budget.stopping, correlation_id=tick_id)]
+            )
 
-    def wait_for_due() -> float | None:
-        """After a tick that took nothing: up to a second towards the next row's due time, or
-        None (the run ends) when none falls due within `wait_for_due_within` and the budget."""
-        next_due = seconds_until_next_due(dsn)
-        if next_due is None or next_due > min(wait_for_due_within, budget.remaining()):
-            return None
-        return max(0.05, min(next_due, 1.0))
+        def wait_for_due() -> float | None:
+            """After a tick that took nothing: up to a second towards the next row's due time,
+            or None (the run ends) when none falls due within `wait_for_due_within` and the
+            budget."""
+            next_due = _seconds_until_next_due(conn)
+            if next_due is None or next_due > min(wait_for_due_within, budget.remaining()):
+                return None
+            return max(0.05, min(next_due, 1.0))
 
-    return run_until_spent(tick, budget, run, idle_seconds=wait_for_due)
+        return run_until_spent(tick, budget, run, idle_seconds=wait_for_due)
