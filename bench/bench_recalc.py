@@ -23,9 +23,9 @@
               rewritten and published, like the first drain of new data (7 events per project
               with the default size).
    Reported per side: projects/s (wall time of the pass), PostgreSQL backend CPU-seconds per
-   project (utime + stime from /proc/<pid>/stat of each backend serving the pass, found by its
-   connection's backend pid and read just before that connection closes: exact, whatever else
-   runs on the machine; needs the server on this machine) and the drain processes' own CPU; and
+   project (the CPU clock of each backend serving the pass, found by its connection's backend
+   pid and read just before that connection closes: exact, whatever else runs on the machine;
+   needs the server on this machine) and the drain processes' own CPU (their CPU clocks); and
    the ratios product / baseline of throughput (goal >= 1.0) and of backend CPU (goal <= 1.0).
    Scale-out by cost (`scale_out_cpu_ratio`): the product's CPU per project (its drains' and
    their backends') with 2 workers / with 1, goal <= 1.15; unlike projects/s it does not need
@@ -298,7 +298,7 @@ def setup_pair(projects: int, objects: int, batch: int) -> dict[str, str]:
 
 class BackendCpu:
     """CPU-seconds of the PostgreSQL backends of one process's connections: each backend's
-    utime + stime over its whole life (fork and start-up included), read just before its
+    CPU clock over its whole life (fork and start-up included), read just before its
     connection closes."""
 
     def __init__(self) -> None:
@@ -320,7 +320,7 @@ class BackendCpu:
 def product_connections(
     around: Callable[[psycopg.Connection], AbstractContextManager[object]],
 ) -> Iterator[None]:
-    """Each of the drain's connections (one per tick) inside `around(conn)` until it closes;
+    """Each of the drain's connections (one per drain run) inside `around(conn)` until it closes;
     the drain itself is not touched."""
     opened = drain.connection
 
@@ -404,14 +404,15 @@ def _pass_worker(
     try:
         ready.release()
         start.wait()
-        times = os.times()
+        # The process's CPU clock: os.times() counts whole 10 ms ticks, a tenth of a pass's
+        # client CPU.
+        cpu_started = time.process_time()
         if side == "product":
             result.projects = product_drain(dsn, meter)
         else:
             result.projects = baseline_drain(dsn, batch, meter)
         result.finished = time.monotonic()
-        ended = os.times()
-        result.client_cpu_s = (ended.user + ended.system) - (times.user + times.system)
+        result.client_cpu_s = time.process_time() - cpu_started
     except BaseException:
         result.error = traceback.format_exc()
     result.backend_cpu_s, result.backends = meter.seconds, meter.backends
