@@ -883,3 +883,45 @@ def test_a_run_that_loses_its_connection_between_ticks_ends_in_one_line_and_lose
     assert (row["claimed_at"], row["attempt_count"]) == (None, 0)
     make_all_due(db)
     assert drain_tick(pg_dsn).processed == 1
+
+
+def _step_commit_setting(pg_dsn: str, project: UUID) -> tuple[str, str, int]:
+    """The project claimed and stepped (chessboard.recalc_project_step) in a transaction left
+    open: its outcome, the synchronous_commit its COMMIT would use, and the events it wrote."""
+    with psycopg.connect(pg_dsn) as conn:
+        claim = conn.execute(
+            "SELECT project_id, claimed_at, previous_attempted_at, requested_count"
+            " FROM chessboard.claim_due_request(NULL)"
+        ).fetchone()
+        assert claim is not None and claim[0] == project
+        step = conn.execute(
+            "SELECT outcome, layouts_published + layout_groups_published + projects_published"
+            " FROM chessboard.recalc_project_step(%s, %s, %s, %s, NULL, 0.5, false, NULL)",
+            claim,
+        ).fetchone()
+        setting = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        conn.rollback()
+    assert step is not None and setting is not None
+    return step[0], setting[0], step[1]
+
+
+def test_a_recompute_that_publishes_nothing_does_not_wait_for_the_wal_flush(
+    db: psycopg.Connection, pg_dsn: str
+) -> None:
+    """Tried: a project drained once, then due again twice: with nothing changed, and with an
+    object's status changed; each time claimed and stepped in a transaction left open to read
+    the setting its COMMIT would use. Nothing to publish: synchronous_commit off (migration
+    0016: a server crash could only forget a recompute that told no one). Events written: on,
+    so a crash cannot take back events the relay may already have sent."""
+    project = make_project(db)
+    building = make_building(db, project)
+    item = make_object(db, project, building, None)
+    drain_due(pg_dsn, db)
+
+    force_recalc(pg_dsn, project)
+    assert _step_commit_setting(pg_dsn, project) == ("recalculated", "off", 0)
+
+    db.execute("UPDATE chessboard.property_objects SET status = 'Sold' WHERE id = %s", (item,))
+    make_all_due(db)
+    outcome, setting, events = _step_commit_setting(pg_dsn, project)
+    assert (outcome, setting) == ("recalculated", "on") and events >= 1
