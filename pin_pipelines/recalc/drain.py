@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 from uuid import UUID
 
 import psycopg
@@ -144,26 +144,21 @@ def drain_connection(dsn: str) -> AbstractContextManager[psycopg.Connection]:
     return connection(dsn, autocommit=True, session=DRAIN_SESSION)
 
 
-def drain_tick(
-    dsn: str,
-    *,
-    batch_size: int | None = None,
-    should_stop: Callable[[], bool] = never,
-    correlation_id: str | None = None,
-    stop_grace_seconds: float = STOP_GRACE_SECONDS,
-    budget_seconds: float = TICK_BUDGET_SECONDS,
-) -> TickSummary:
+class TickOptions(TypedDict, total=False):
+    """tick_on's keyword arguments, which drain_tick passes on."""
+
+    batch_size: int | None
+    should_stop: Callable[[], bool]
+    correlation_id: str | None
+    stop_grace_seconds: float
+    budget_seconds: float
+
+
+def drain_tick(dsn: str, **options: Unpack[TickOptions]) -> TickSummary:
     """One worker tick on a connection of its own (`pin recalc drain --once`); a drain run ticks
     on one connection throughout (drain_until_idle). See tick_on."""
     with drain_connection(dsn) as conn:
-        return tick_on(
-            conn,
-            batch_size=batch_size,
-            should_stop=should_stop,
-            correlation_id=correlation_id,
-            stop_grace_seconds=stop_grace_seconds,
-            budget_seconds=budget_seconds,
-        )
+        return tick_on(conn, **options)
 
 
 def tick_on(
