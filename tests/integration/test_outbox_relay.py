@@ -387,6 +387,36 @@ def test_malformed_and_oversized_rows_are_dead_lettered_without_blocking(
     assert versions == [1, 3]
 
 
+def test_the_defect_check_is_one_inlined_expression_with_every_missing_field_named(
+    outbox: psycopg.Connection,
+) -> None:
+    """Tried: EXPLAIN VERBOSE of the check on the outbox's own columns, then rows missing one,
+    several and all of the envelope's fields. Written with a sub-SELECT (migration 0005) the check
+    was never inlined: each statement writing outbox rows parsed and planned it again at its first
+    row (migration 0017). Inlined, the plan shows its CASE and not the function; every missing
+    field is still named, in the envelope's order."""
+    plan = "\n".join(
+        r[0]
+        for r in outbox.execute(
+            "EXPLAIN (VERBOSE) SELECT chessboard.outbox_event_defect(message_key, payload)"
+            " FROM chessboard.outbox_events"
+        )
+    )
+    assert "CASE" in plan and "outbox_event_defect" not in plan, plan
+    key = str(uuid.uuid4())
+    envelope = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
+    for missing in (["EventId"], ["ContractVersion", "Id"], ["CreatedAt", "Version"], envelope):
+        event = {k: v for k, v in payload(TOPIC_LAYOUT_GROUP, key, 1).items() if k not in missing}
+        found = outbox.execute(
+            "SELECT chessboard.outbox_event_defect(%s, %s)", (key, Jsonb(event))
+        ).fetchone()
+        assert found == ("payload misses " + ", ".join(missing),)
+    assert outbox.execute(
+        "SELECT chessboard.outbox_event_defect(%s, %s)",
+        (key, Jsonb(payload(TOPIC_LAYOUT_GROUP, key, 1))),
+    ).fetchone() == (None,)
+
+
 def test_a_row_edited_in_the_outbox_is_sent_and_checked_as_edited(
     outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
 ) -> None:
