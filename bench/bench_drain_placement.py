@@ -5,7 +5,10 @@ shares a CPU with some backend, and the product and the plain baseline react to 
 ways. This measures it with one worker and nothing else moving: the drain process and its
 backend pinned (`sched_setaffinity`) to two different CPUs ("apart") or to the same one
 ("together"), each side draining the same steady queue on one connection (the product: ticks of
-`tick_on`, as a drain run does; the baseline: `baseline_tick`). Reported per side and placement:
+`tick_on`, as a drain run does; the baseline: `baseline_tick`); then two workers, each with its
+backend on a CPU of its own ("paired"): every drain shares its CPU with a backend, as "together",
+so `paired_over_together` (CPU per project, backends' and drains') is what a second worker costs
+once placement is the same for one worker and two. Reported per side and placement:
 backend CPU ms per project (its CPU clock), the drain's CPU ms per project (user and system from
 getrusage), its voluntary and involuntary context switches per project, and projects/s.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import sys
@@ -37,7 +41,10 @@ from bench_recalc import SIDES, baseline_tick, prepare_pass, run_pass, setup_pai
 
 from pin_pipelines.recalc import drain
 
-PLACEMENTS = ("apart", "together")
+#: One worker with its backend on two CPUs or on one; two workers, each with its backend on a CPU
+#: of its own ("paired": the placement of "together" for each, so that what a second worker adds
+#: is measured apart from where the processes run).
+PLACEMENTS = ("apart", "together", "paired")
 
 
 def _drain_queue(side: str, conn: psycopg.Connection, batch: int) -> int:
@@ -51,16 +58,22 @@ def _drain_queue(side: str, conn: psycopg.Connection, batch: int) -> int:
         done += found
 
 
-def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, Any]:
-    """One steady pass of one worker in this process, pinned with its backend."""
-    prepare_pass(dsn, "steady")
+def pinned_drain(
+    side: str, dsn: str, cpus: tuple[int, int], batch: int, start: Any = None
+) -> dict[str, float]:
+    """One worker in this process on CPU cpus[0], its backend on cpus[1], draining until the
+    queue is empty; `start` (a multiprocessing Barrier) lines up the workers of a pair. Raw
+    totals: projects, seconds, CPU-seconds of the backend and of the drain (user, system),
+    context switches."""
     connect = drain.drain_connection if side == "product" else _autocommit
     own = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {0})
+    os.sched_setaffinity(0, {cpus[0]})
     try:
         with connect(dsn) as conn:
             backend = conn.info.backend_pid
-            os.sched_setaffinity(backend, {0} if placement == "together" else {1})
+            os.sched_setaffinity(backend, {cpus[1]})
+            if start is not None:
+                start.wait()
             backend_started = process_cpu_seconds(backend) or 0.0
             usage_started = resource.getrusage(resource.RUSAGE_SELF)
             started = time.monotonic()
@@ -70,25 +83,65 @@ def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, An
             backend_cpu = (process_cpu_seconds(backend) or 0.0) - backend_started
     finally:
         os.sched_setaffinity(0, own)
+    return {
+        "projects": projects,
+        "seconds": wall,
+        "backend_cpu": backend_cpu,
+        "client_user": usage.ru_utime - usage_started.ru_utime,
+        "client_system": usage.ru_stime - usage_started.ru_stime,
+        "voluntary_switches": usage.ru_nvcsw - usage_started.ru_nvcsw,
+        "involuntary_switches": usage.ru_nivcsw - usage_started.ru_nivcsw,
+    }
 
-    def per_project(value: float, scale: float = 1000.0) -> float:
-        return round(value / projects * scale, 3)
+
+def _paired_worker(side: str, dsn: str, cpu: int, batch: int, start: Any, out: Any) -> None:
+    out.put(pinned_drain(side, dsn, (cpu, cpu), batch, start))
+
+
+def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, Any]:
+    """One steady pass in `placement`: one worker in this process, or two forked ones."""
+    prepare_pass(dsn, "steady")
+    if placement == "paired":
+        ctx = multiprocessing.get_context("fork")
+        start, out = ctx.Barrier(2), ctx.Queue()
+        workers = [
+            ctx.Process(target=_paired_worker, args=(side, dsn, cpu, batch, start, out))
+            for cpu in (0, 1)
+        ]
+        for worker in workers:
+            worker.start()
+        found = [out.get(timeout=600) for _ in workers]
+        for worker in workers:
+            worker.join()
+    else:
+        found = [pinned_drain(side, dsn, (0, 0 if placement == "together" else 1), batch)]
+    projects = sum(f["projects"] for f in found)
+
+    def per_project(key: str, scale: float = 1000.0) -> float:
+        return round(sum(f[key] for f in found) / projects * scale, 3)
 
     return {
         "projects": projects,
-        "projects_per_s": round(projects / wall, 1),
-        "backend_cpu_ms_per_project": per_project(backend_cpu),
-        "client_user_ms_per_project": per_project(usage.ru_utime - usage_started.ru_utime),
-        "client_system_ms_per_project": per_project(usage.ru_stime - usage_started.ru_stime),
-        "voluntary_switches_per_project": per_project(usage.ru_nvcsw - usage_started.ru_nvcsw, 1),
-        "involuntary_switches_per_project": per_project(
-            usage.ru_nivcsw - usage_started.ru_nivcsw, 1
-        ),
+        "projects_per_s": round(projects / max(f["seconds"] for f in found), 1),
+        "backend_cpu_ms_per_project": per_project("backend_cpu"),
+        "client_user_ms_per_project": per_project("client_user"),
+        "client_system_ms_per_project": per_project("client_system"),
+        "voluntary_switches_per_project": per_project("voluntary_switches", 1),
+        "involuntary_switches_per_project": per_project("involuntary_switches", 1),
     }
 
 
 def _autocommit(dsn: str) -> psycopg.Connection:
     return psycopg.connect(dsn, autocommit=True)
+
+
+def _cost(found: dict[str, Any]) -> float:
+    """CPU per project, the backend's and the drain's."""
+    return (
+        found["backend_cpu_ms_per_project"]
+        + found["client_user_ms_per_project"]
+        + found["client_system_ms_per_project"]
+    )
 
 
 def main() -> None:
@@ -128,6 +181,12 @@ def main() -> None:
             )
             for key in ("backend_cpu_ms_per_project", "client_user_ms_per_project")
         }
+        for side in SIDES
+    }
+    result["paired_over_together"] = {
+        side: round(
+            sum(map(_cost, passes[side]["paired"])) / sum(map(_cost, passes[side]["together"])), 3
+        )
         for side in SIDES
     }
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
