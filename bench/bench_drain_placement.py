@@ -95,7 +95,13 @@ def pinned_drain(
 
 
 def _paired_worker(side: str, dsn: str, cpu: int, batch: int, start: Any, out: Any) -> None:
-    out.put(pinned_drain(side, dsn, (cpu, cpu), batch, start))
+    """One worker of a pair; a failure goes to `out` as its one line, and breaks the barrier so
+    that the other worker does not wait for it."""
+    try:
+        out.put(pinned_drain(side, dsn, (cpu, cpu), batch, start))
+    except Exception as exc:
+        start.abort()
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
 def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, Any]:
@@ -103,7 +109,7 @@ def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, An
     prepare_pass(dsn, "steady")
     if placement == "paired":
         ctx = multiprocessing.get_context("fork")
-        start, out = ctx.Barrier(2), ctx.Queue()
+        start, out = ctx.Barrier(2, timeout=60), ctx.Queue()
         workers = [
             ctx.Process(target=_paired_worker, args=(side, dsn, cpu, batch, start, out))
             for cpu in (0, 1)
@@ -113,6 +119,9 @@ def pinned_pass(side: str, dsn: str, placement: str, batch: int) -> dict[str, An
         found = [out.get(timeout=600) for _ in workers]
         for worker in workers:
             worker.join()
+        errors = [f["error"] for f in found if "error" in f]
+        if errors:
+            raise RuntimeError(f"{side} paired drain failed: " + "; ".join(errors))
     else:
         found = [pinned_drain(side, dsn, (0, 0 if placement == "together" else 1), batch)]
     projects = sum(f["projects"] for f in found)

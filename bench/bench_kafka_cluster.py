@@ -23,7 +23,7 @@ clickhouse-server of this run (bench_devstats.py's): the dimension's database is
    loaders' own CPU-seconds (their processes' CPU clocks, from the commit to the end) per loaded
    event, 2 loaders / 1 loader, goal <= 1.15 (issue 27). --scale-rounds pairs (4), the order
    alternating (1 then 2, then 2 then 1): a phase's cost varies with its place in the run, its
-   librdkafka threads' CPU from 0.12 to 0.37 s per 200,000 events whatever the loader count, so
+   librdkafka threads' CPU from 0.11 to 0.37 s per 200,000 events whatever the loader count, so
    one pair decided the ratio by where it fell. The ratio is of the means; every phase is
    reported with its CPU by thread (Python's, librdkafka's).
 4. Recovery on the cluster: `pin outbox relay` and `pin devstats load` run continuously while
