@@ -11,7 +11,9 @@
    TEMPLATE (same rows, same ids, same statistics), in which the function is created. After a
    first drain of both (unmeasured), --rounds rounds; each round measures, per workload and per
    worker count (1 and 2: processes with their own connections, sharing the queue through SKIP
-   LOCKED), one pass of each side, the side going first alternating. A pass makes every project
+   LOCKED), one pass of each side, the side going first alternating, and the worker counts in
+   the order 1-2 in odd rounds, 2-1 in even ones; the figures are the medians of the rounds. A
+   pass makes every project
    due and drains the whole queue in ticks of --batch projects on one connection per worker
    (the product: one drain run, `drain_until_idle` as the Dagster op calls it; the baseline:
    the same shape). Workloads
@@ -29,7 +31,7 @@
    the ratios product / baseline of throughput (goal >= 1.0) and of backend CPU (goal <= 1.0).
    Scale-out by cost (`scale_out_cpu_ratio`): the product's CPU per project (its drains' and
    their backends') with 2 workers / with 1, goal <= 1.15; unlike projects/s it does not need
-   spare cores to show.
+   spare cores to show. The medians' ratio, and each round's (`scale_out_cpu_ratio_by_round`).
    After every pass pair the two databases must agree: the same aggregates and versions in the
    four tables, an empty queue, and the same events (topic, key, payload but its EventId and
    CreatedAt, traceparent, defect); at the end both are checked against the truth
@@ -38,7 +40,7 @@
    state).
 
     .venv/bin/python bench/bench_recalc.py [--quick] [--projects 1000] [--objects 50]
-        [--batch 50] [--rounds 2] [--workloads steady,edited,rewrite] [--no-latency]
+        [--batch 50] [--rounds 4] [--workloads steady,edited,rewrite] [--no-latency]
         [--no-pgbench] [--truth auto|yes|no]
 """
 
@@ -407,16 +409,21 @@ def _pass_worker(
         # The process's CPU clock: os.times() counts whole 10 ms ticks, a tenth of a pass's
         # client CPU.
         cpu_started = time.process_time()
-        if side == "product":
-            result.projects = product_drain(dsn, meter)
-        else:
-            result.projects = baseline_drain(dsn, batch, meter)
+        result.projects = PASS_DRAINS[side](dsn, batch, meter)
         result.finished = time.monotonic()
         result.client_cpu_s = time.process_time() - cpu_started
     except BaseException:
         result.error = traceback.format_exc()
     result.backend_cpu_s, result.backends = meter.seconds, meter.backends
     results.put(result)
+
+
+#: A pass's drain by side: (dsn, batch, meter) -> projects done. Other benches add theirs
+#: (bench_tick_procedure); the workers are forked, so they see what was added.
+PASS_DRAINS: dict[str, Callable[[str, int, BackendCpu], int]] = {
+    "product": lambda dsn, _batch, meter: product_drain(dsn, meter),
+    "baseline": baseline_drain,
+}
 
 
 def run_pass(side: str, dsn: str, workers: int, batch: int) -> dict[str, Any]:
@@ -566,10 +573,21 @@ def median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
 
-def cpu_per_project(row: dict[str, Any], workers: int) -> float:
-    """The product's CPU ms per project with `workers` drains: theirs and their backends'."""
-    product = row[f"workers_{workers}"]["product"]
+def cpu_per_project(product: dict[str, Any]) -> float:
+    """The product's CPU ms per project in a pass or a summary: its drains' and their
+    backends'."""
     return float(product["backend_cpu_ms_per_project"] + product["client_cpu_ms_per_project"])
+
+
+def scale_out(row: dict[str, Any]) -> tuple[float, list[float]]:
+    """A workload's CPU per project with 2 workers / with 1: of the rounds' medians, and of each
+    round's two passes."""
+    one, two = (row[f"workers_{k}"] for k in (1, 2))
+    by_round = [
+        round(cpu_per_project(b) / cpu_per_project(a), 3)
+        for a, b in zip(one["per_round"]["product"], two["per_round"]["product"], strict=True)
+    ]
+    return round(cpu_per_project(two["product"]) / cpu_per_project(one["product"]), 3), by_round
 
 
 def compare_with_baseline(
@@ -589,7 +607,10 @@ def compare_with_baseline(
     order = 0
     for round_no in range(1, args.rounds + 1):
         for workload in workloads:
-            for workers in (1, 2):
+            # 1-2 in odd rounds, 2-1 in even ones: a machine whose costs drift during the run
+            # (they moved by 14-28 % between runs of one morning) weighs on both worker counts
+            # alike instead of on whichever always ran second.
+            for workers in (1, 2) if round_no % 2 else (2, 1):
                 sides = SIDES if order % 2 == 0 else SIDES[::-1]
                 order += 1
                 for side in sides:
@@ -673,7 +694,9 @@ def main() -> None:
     )
     parser.add_argument("--objects", type=int, default=50, help="objects per project")
     parser.add_argument("--batch", type=int, default=50, help="projects per tick, both sides")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating product/baseline")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="product/baseline and 1/2 workers alternating"
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--no-latency", action="store_true", help="skip section 1")
     parser.add_argument("--no-pgbench", action="store_true", help="skip section 3")
@@ -717,10 +740,9 @@ def main() -> None:
 
     # Scale-out by cost (issue 27): CPU-seconds per project, the drains' and their backends',
     # with 2 workers against 1; it does not depend on spare cores, as projects/s does.
-    result["scale_out_cpu_ratio"] = {
-        w: round(cpu_per_project(comparison[w], 2) / cpu_per_project(comparison[w], 1), 3)
-        for w in workloads
-    }
+    scale = {w: scale_out(comparison[w]) for w in workloads}
+    result["scale_out_cpu_ratio"] = {w: ratio for w, (ratio, _) in scale.items()}
+    result["scale_out_cpu_ratio_by_round"] = {w: by_round for w, (_, by_round) in scale.items()}
     result["goals"] = {"ratio_vs_baseline_min": 1.0, "scale_out_cpu_ratio_max": 1.15}
     result["round_trips"] = round_trips(
         {side: dsn_with_dbname(BASE_DSN, f"pin_bench_{side}") for side in SIDES}, args.batch
