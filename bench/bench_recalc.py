@@ -138,40 +138,32 @@ def latency(dsn: str, sizes: list[int], reps: int) -> dict[str, object]:
     return out
 
 
-def pgbench_script() -> str:
-    """The drain's statements for one project, from the named-query file, as a pgbench script."""
+def pgbench_script(batch: int) -> str:
+    """The drain's statement for one tick, from the named-query file, as a pgbench script."""
     text = (SQL_DIR / "postgres" / "queries" / "recalc.sql").read_text()
     blocks = dict(re.findall(r"-- name: (\w+)\([^)]*\)[$^!]?\n(.*?)(?=\n-- name:|\Z)", text, re.S))
-
-    def body(name: str) -> str:
-        lines = [ln for ln in blocks[name].splitlines() if not ln.lstrip().startswith("--")]
-        return "\n".join(lines).strip()
-
-    # The claim (committed on its own, as a tick's first claim is), then the work transaction:
-    # one statement (the claimed row locked again, the recalc, the outcome and its counters)
-    # without the next claim, which the drain takes in that statement. pgbench fills
-    # :project_id, :claimed_at, :previous_attempted_at and :requested_count from the claim's
-    # \gset.
-    claim = body("claim_due_request").replace(":attempted", "NULL").rstrip(";") + " \\gset"
+    lines = [ln for ln in blocks["recalc_tick"].splitlines() if not ln.lstrip().startswith("--")]
     values = {
-        ":traceparent": "NULL",
-        ":lock_share": "0.5",
-        ":claim_next": "false",
+        ":batch": str(batch),
+        ":claim_for": f"interval '{drain.CLAIM_WINDOW_SECONDS} seconds'",
         ":attempted": "NULL",
-        # \gset leaves a NULL column an empty string: a row never attempted before.
-        ":previous_attempted_at": "nullif(:previous_attempted_at, '')::timestamptz",
+        ":traceparents": "NULL",
+        ":lock_share": str(drain.LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT),
     }
-    work = body("recalc_project_step")
+    call = "\n".join(lines).strip()
     for name, value in values.items():
-        work = work.replace(name, value)
-    return "\n".join([claim, work]) + "\n"
+        call = call.replace(name, value)
+    return call + "\n"
 
 
-def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:
+def pgbench_throughput(dsn: str, clients: int, projects: int, batch: int) -> float:
+    """Projects/s of pgbench's clients running the drain's statement until the queue is
+    drained (a tick of `batch` per call: projects / batch / clients calls each)."""
     make_due(dsn)
     parts = urlsplit(dsn)
+    calls = max(1, projects // batch // clients)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write(pgbench_script())
+        f.write(pgbench_script(batch))
     pgbench = (
         str(bindir() / "pgbench") if (bindir() / "pgbench").exists() else shutil.which("pgbench")
     )
@@ -187,7 +179,7 @@ def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:
         "-j",
         str(clients),
         "-t",
-        str(projects // clients),
+        str(calls),
         "-h",
         parts.hostname or "127.0.0.1",
         "-p",
@@ -199,7 +191,11 @@ def pgbench_throughput(dsn: str, clients: int, projects: int) -> float:
     result = subprocess.run(argv, capture_output=True, text=True, check=True)
     match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
     assert match, result.stdout + result.stderr
-    return float(match.group(1))
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute("SELECT count(*) FROM chessboard.project_recalc_requests").fetchone()
+    assert left is not None
+    # Every call's own count is not returned to pgbench: the projects done over the calls' time.
+    return (projects - int(left[0])) * float(match.group(1)) / (calls * clients)
 
 
 # --- the drain against the independent baseline (issue 27) -----------------------------------
@@ -409,21 +405,16 @@ def _pass_worker(
         # The process's CPU clock: os.times() counts whole 10 ms ticks, a tenth of a pass's
         # client CPU.
         cpu_started = time.process_time()
-        result.projects = PASS_DRAINS[side](dsn, batch, meter)
+        if side == "product":
+            result.projects = product_drain(dsn, meter)
+        else:
+            result.projects = baseline_drain(dsn, batch, meter)
         result.finished = time.monotonic()
         result.client_cpu_s = time.process_time() - cpu_started
     except BaseException:
         result.error = traceback.format_exc()
     result.backend_cpu_s, result.backends = meter.seconds, meter.backends
     results.put(result)
-
-
-#: A pass's drain by side: (dsn, batch, meter) -> projects done. Other benches add theirs
-#: (bench_tick_procedure); the workers are forked, so they see what was added.
-PASS_DRAINS: dict[str, Callable[[str, int, BackendCpu], int]] = {
-    "product": lambda dsn, _batch, meter: product_drain(dsn, meter),
-    "baseline": baseline_drain,
-}
 
 
 def run_pass(side: str, dsn: str, workers: int, batch: int) -> dict[str, Any]:
@@ -752,7 +743,7 @@ def main() -> None:
         # product's database (its drain figures are this run's steady passes).
         product = dsn_with_dbname(BASE_DSN, "pin_bench_product")
         try:
-            pg = {k: pgbench_throughput(product, k, args.projects) for k in (1, 2)}
+            pg = {k: pgbench_throughput(product, k, args.projects, args.batch) for k in (1, 2)}
         except subprocess.CalledProcessError as exc:
             # Not worth the run's other figures (e.g. recalc.sql edited during the run).
             result["pgbench_error"] = (exc.stderr or "").strip().splitlines()[-2:]

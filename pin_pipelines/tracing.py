@@ -16,7 +16,9 @@ column, then a Kafka header), so the loader's batch span links back to the recal
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from functools import cache
 
 from opentelemetry import propagate, trace
@@ -76,18 +78,58 @@ def tracer() -> trace.Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter()
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        class ReservedSpanIds(RandomIdGenerator):
+            """Random ids, but a span recorded after its work (record_child_span) gets the id
+            reserved for it (child_traceparents)."""
+
+            def generate_span_id(self) -> int:
+                reserved = _RESERVED_SPAN_ID.get()
+                return super().generate_span_id() if reserved is None else reserved
+
         # The provider flushes and shuts its exporter down at interpreter exit.
-        provider = TracerProvider(resource=Resource.create())
+        provider = TracerProvider(resource=Resource.create(), id_generator=ReservedSpanIds())
         provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
     return trace.get_tracer(TRACER_NAME)
 
 
-def current_traceparent() -> str | None:
-    """The W3C traceparent of the current span; None when nothing is traced."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent")
+#: The span id record_child_span is starting a span with (ReservedSpanIds).
+_RESERVED_SPAN_ID: ContextVar[int | None] = ContextVar("reserved_span_id", default=None)
+
+
+def child_traceparents(count: int) -> list[str] | None:
+    """W3C traceparents for `count` spans to come, children of the current span, their ids
+    chosen now; None when nothing is traced. For work that runs on the server before its span
+    can exist (a recalc_tick call) yet must stamp the span's context into what it writes (the
+    events): the span is recorded afterwards with its id (record_child_span)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    prefix, flags = f"00-{context.trace_id:032x}-", f"-{context.trace_flags:02x}"
+    return [f"{prefix}{random.getrandbits(64) or 1:016x}{flags}" for _ in range(count)]
+
+
+def record_child_span(
+    name: str,
+    traceparent: str | None,
+    *,
+    start_ns: int,
+    end_ns: int,
+    attributes: Mapping[str, str | int],
+) -> None:
+    """A finished span, child of the current one, with the id that `traceparent` (from
+    child_traceparents) reserved for it and the work's own start and end; nothing when
+    `traceparent` is None (nothing is traced)."""
+    if traceparent is None:
+        return
+    token = _RESERVED_SPAN_ID.set(int(traceparent.split("-")[2], 16))
+    try:
+        span = tracer().start_span(name, attributes=attributes, start_time=start_ns)
+    finally:
+        _RESERVED_SPAN_ID.reset(token)
+    span.end(end_time=end_ns)
 
 
 def links_to(traceparents: Iterable[str | bytes]) -> list[trace.Link]:

@@ -20,7 +20,6 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from pin_pipelines.db import queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.recalc import drain as drain_module
 from pin_pipelines.recalc.drain import TickSummary, drain_tick, drain_until_idle
@@ -664,7 +663,7 @@ def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, s
 
 
 def test_request_arriving_during_a_recalc_is_not_lost(db, pg_dsn):
-    """One connection claims the due row with the drain's own query (FOR UPDATE SKIP LOCKED)
+    """One connection claims the due row with the drain's own claim (FOR UPDATE SKIP LOCKED)
     and deletes it, like a drain mid-recalc; another connection's request_project_recalc
     blocks on that row; after the first commits, the request has inserted a fresh row
     (requested_count 1, first_requested_at after the claim)."""
@@ -672,13 +671,14 @@ def test_request_arriving_during_a_recalc_is_not_lost(db, pg_dsn):
     make_building(db, project)
     make_all_due(db)
     tenant = _row(db, "projects", project)["tenant_id"]
-    q = queries("recalc")
     done = threading.Event()
     errors: list[BaseException] = []
 
     with psycopg.connect(pg_dsn) as drain_conn, psycopg.connect(pg_dsn, autocommit=True) as raiser:
         with drain_conn.transaction():
-            claim = q.claim_due_request(drain_conn, attempted=[])
+            claim = drain_conn.execute(
+                "SELECT project_id FROM chessboard.claim_due_request('{}')"
+            ).fetchone()
             assert claim is not None and claim[0] == project
             claimed_at = drain_conn.execute("SELECT now()").fetchone()[0]
             drain_conn.execute(

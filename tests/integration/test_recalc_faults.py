@@ -7,7 +7,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 from uuid import UUID
 
 import psycopg
@@ -213,52 +214,123 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     assert drift(db) == {}
 
 
+def _two_due_projects(conn: psycopg.Connection) -> tuple[UUID, UUID]:
+    """Two projects with an object each, both due, the first one's row claimed first."""
+    first, _ = _project_with_object(conn)
+    second, _ = _project_with_object(conn)
+    conn.execute(
+        "UPDATE chessboard.project_recalc_requests SET due_at = now() - CASE project_id"
+        " WHEN %s THEN interval '2 seconds' ELSE interval '1 second' END",
+        (first,),
+    )
+    return first, second
+
+
 def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on(
-    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+    db: psycopg.Connection, pg_dsn: str
 ) -> None:
     """Tried: right after the first project's claim commits, a raiser's upsert of its queue row
     (an edit whose transaction stays open for 1.5 s) takes the row, so the work transaction's
     lock on the claimed row (recalc_claimed_project's first step) waits past lock_timeout
     (0.5 s). Found by the queue model (model/recalc_queue.pml, REACH_RELOCK_TIMEOUT):
     LockNotAvailable escaped the tick and failed the whole drain run. Now that project is
-    deferred with its attempt given back once the edit commits, and the second project of the
-    batch is recalculated in the same tick."""
-    first, _ = _project_with_object(db)
-    second, _ = _project_with_object(db)
-    db.execute(
-        "UPDATE chessboard.project_recalc_requests SET due_at = now() - CASE project_id"
-        " WHEN %s THEN interval '2 seconds' ELSE interval '1 second' END",
-        (first,),
+    deferred with its attempt given back, and the second project of the batch is recalculated in
+    the same tick. The claim and the work are two transactions of one recalc_tick call, so the
+    edit is started from the claim itself: a test trigger on the claim's UPDATE sends it over
+    dblink (another session) and returns once it waits for the claim's row lock, which it then
+    takes when the claim commits, ahead of the work's lock."""
+    first, second = _two_due_projects(db)
+    edit = (
+        "BEGIN; SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
+        f" FROM chessboard.projects WHERE id = '{first}'; SELECT pg_sleep(1.5); COMMIT;"
     )
-    edit = psycopg.connect(pg_dsn)
-    attempt = drain._attempt
-
-    def edit_in_flight_first(
-        conn: psycopg.Connection, claim: drain._Claim, *arguments: Any
-    ) -> drain._Step:
-        if claim.project_id == first and not committing.is_alive():
-            edit.execute(
-                "SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
-                " FROM chessboard.projects WHERE id = %s",
-                (first,),
-            )
-            committing.start()
-        return attempt(conn, claim, *arguments)
-
-    committing = threading.Timer(1.5, edit.commit)
-    # The work transaction's start, right after the claim's commit.
-    monkeypatch.setattr(drain, "_attempt", edit_in_flight_first)
+    db.execute("CREATE EXTENSION IF NOT EXISTS dblink")
     try:
-        tick = drain_tick(pg_dsn)
+        with claim_hook(db, first, pg_dsn, edit):
+            tick = drain_tick(pg_dsn)
     finally:
-        if committing.ident is not None:  # started: the edit commits
-            committing.join()
-        edit.close()
+        db.execute("DROP EXTENSION dblink")
     outcomes = {r.project_id: r.outcome for r in tick.results}
     assert outcomes == {first: "deferred", second: "recalculated"}, tick.as_dict()
     row = queue_row(db, first)
-    assert row is not None and row["attempt_count"] == 0, row
+    assert row is not None and row["attempt_count"] == 0 and row["claimed_at"] is None, row
     assert queue_row(db, second) is None
+
+
+@contextmanager
+def claim_hook(conn: psycopg.Connection, project: UUID, dsn: str, edit: str) -> Iterator[None]:
+    """While inside: the first claim of `project` sends `edit` to another session (dblink) and
+    returns once that session waits for a lock (the claimed row's)."""
+    body = f"""
+        IF NEW.project_id <> '{project}' OR NEW.claimed_at IS NULL
+           OR OLD.claimed_at IS NOT NULL
+           OR 'claim_hook' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
+            RETURN NULL;
+        END IF;
+        PERFORM dblink_connect('claim_hook', {_literal(dsn)});
+        SELECT t.pid INTO v_pid FROM dblink('claim_hook', 'SELECT pg_backend_pid()') AS t(pid int);
+        PERFORM dblink_send_query('claim_hook', {_literal(edit)});
+        FOR i IN 1..500 LOOP
+            -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
+            PERFORM pg_stat_clear_snapshot();
+            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
+                              WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
+            PERFORM pg_sleep(0.01);
+        END LOOP;
+        RETURN NULL;
+    """
+    conn.execute(
+        f"""
+        CREATE FUNCTION chessboard.test_claim_hook() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        DECLARE v_pid int;
+        BEGIN {body} END $$;
+        CREATE TRIGGER test_claim_hook AFTER UPDATE ON chessboard.project_recalc_requests
+            FOR EACH ROW EXECUTE FUNCTION chessboard.test_claim_hook();
+        """
+    )
+    try:
+        yield
+    finally:
+        conn.execute("DROP TRIGGER test_claim_hook ON chessboard.project_recalc_requests")
+        conn.execute("DROP FUNCTION chessboard.test_claim_hook()")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def test_a_project_past_the_statement_timeout_counts_a_failed_run_and_the_tick_goes_on(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tried: two due projects, the first one's recalc sleeping 3 s (a stuck aggregate
+    statement), the drain's statement timeout lowered to 1 s. The timeout cancels the tick's
+    call inside the first project: its work rolls back whole, one failed run is counted with the
+    timeout's error and no attempt is left in progress, so a project that always hangs ends as
+    poison; the tick goes on and recalculates the second project in its next call. Before
+    (a statement per project) the cancel failed the whole drain run, and the next tick counted
+    the attempt as abandoned ("the drain died inside it")."""
+    monkeypatch.setitem(drain.DRAIN_SESSION, "statement_timeout", "1s")
+    set_settings(db, retry_interval="0 seconds")
+    first, second = _two_due_projects(db)
+    with slow_recalc(db, 3.0, project_id=first):
+        started = time.monotonic()
+        tick = drain_tick(pg_dsn)
+        took = time.monotonic() - started
+    assert took < 3.0, f"the tick took {took:.1f}s: the stuck project was not cancelled at 1 s"
+    assert [(r.project_id, r.outcome) for r in tick.results] == [
+        (first, "failed"),
+        (second, "recalculated"),
+    ], tick.as_dict()
+    failed = tick.results[0]
+    assert failed.attempt_count == 1 and failed.error is not None
+    assert failed.error.startswith("QueryCanceled: "), failed.error
+    row = queue_row(db, first)
+    assert row is not None
+    assert (row["attempt_count"], row["claimed_at"], row["last_error"]) == (1, None, failed.error)
+    assert queue_row(db, second) is None
+    drain_until_empty(db, pg_dsn)
+    assert not drift(db)
 
 
 def test_a_tick_of_stuck_projects_ends_within_its_budget_and_counts_no_attempt(

@@ -115,12 +115,19 @@ def failing_on_request(conn: psycopg.Connection) -> Iterator[None]:
 
 @contextmanager
 def slow_recalc(
-    conn: psycopg.Connection, seconds: float, table: str = "projects"
+    conn: psycopg.Connection,
+    seconds: float,
+    table: str = "projects",
+    project_id: UUID | None = None,
 ) -> Iterator[None]:
     """A test-only trigger that sleeps whenever the drain writes a row of `table` (the project's
-    aggregates by default), so a recalc lasts long enough for another process to act while it is
-    in flight."""
-    with _test_trigger(conn, "test_slow_recalc", table, f"PERFORM pg_sleep({float(seconds)});"):
+    aggregates by default; of `project_id` only, when given), so a recalc lasts long enough for
+    another process to act while it is in flight."""
+    sleep = f"PERFORM pg_sleep({float(seconds)});"
+    if project_id is not None:
+        key = "id" if table == "projects" else "project_id"
+        sleep = f"IF NEW.{key} = '{project_id}'::uuid THEN {sleep} END IF;"
+    with _test_trigger(conn, "test_slow_recalc", table, sleep):
         yield
 
 

@@ -87,12 +87,14 @@ ALL_USES = list(uses())
 
 
 def test_the_callers_are_found() -> None:
-    """The scan itself: every product SQL file has callers, and the drain's claim is among them."""
+    """The scan itself: every product SQL file has callers, and the drain's tick is among them."""
     files = {u.file for u in ALL_USES}
     product_files = {p.stem for p in QUERIES_DIR.glob("*.sql")}
     assert files == product_files, (files, product_files)
-    claim = [u for u in ALL_USES if u.name == "claim_due_request"]
-    assert claim and claim[0].params == frozenset({"attempted"}), claim
+    tick = [u for u in ALL_USES if u.name == "recalc_tick"]
+    assert tick and tick[0].params == frozenset(
+        {"batch", "claim_for", "attempted", "traceparents", "lock_share"}
+    ), tick
 
 
 @pytest.mark.parametrize("use", ALL_USES, ids=lambda u: f"{u.file}.{u.name}@{u.where}")

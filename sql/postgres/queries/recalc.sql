@@ -1,10 +1,10 @@
 -- Named queries of the recalc drain (spec 000, "Алгоритм"). Parameters are :named (aiosql).
 --
--- A project's attempt is committed before its work starts, so a drain that dies inside the
--- project has still counted it (migrations 0006, 0012). A tick's first claim (claim_due_request)
--- commits on its own; every project's work transaction is then one statement
--- (recalc_project_step, migration 0014) that locks the claimed row again and holds it to its
--- end, records the outcome, and claims the tick's next project in the same COMMIT.
+-- A project's claim is committed before its work starts, so a drain that dies inside the
+-- project has still marked the attempt (migrations 0006, 0012, 0014). A tick's projects run in
+-- one CALL (recalc_tick, migration 0018): its first claim commits on its own; every project's
+-- work transaction then locks the claimed row again and holds it to its end, records the
+-- outcome, and claims the tick's next project in the same COMMIT.
 --
 -- Lock order inside one project's work transaction, always the same so drains cannot deadlock
 -- each other: queue row → project row → buildings → layouts → layout groups (all locked before
@@ -53,46 +53,24 @@ FROM abandoned
 WHERE r.project_id = abandoned.project_id
 RETURNING r.project_id, r.attempt_count, r.last_error;
 
--- name: claim_due_request(attempted)^
--- A tick's first project (later ones are claimed by recalc_project_step, with the previous
--- project's work): one ready row, oldest due_at first, stamped in this statement's own
--- transaction (the caller runs it alone, in autocommit, before the work starts; `relaxed` makes
--- that commit not wait for the WAL flush: only a server crash within a fraction of a second
--- could forget the claim, and the work transaction's commit flushes it anyway): claimed_at marks
--- the attempt in progress, attempted_at starts the retry clock (migration 0014's
--- chessboard.claim_due_request). No attempt is counted here: attempt_count is failed runs,
--- counted by recalc_project_step, or by settle_abandoned_claims for a drain that died.
+-- name: recalc_tick(batch, claim_for, attempted, traceparents, lock_share)$
+-- Up to `batch` projects in one CALL, each in a transaction of its own (migration 0018's
+-- chessboard.recalc_tick): the first claim commits alone (claim_due_request: one ready row,
+-- oldest due_at first, SKIP LOCKED, claimed_at marking the attempt in progress, attempted_at
+-- starting the retry clock; no attempt counted there), then per project the work, its outcome
+-- recorded and the next claim in one COMMIT (recalc_project_step, migration 0014), while
+-- `claim_for` (an interval) has not passed since the call started. Returns one JSON object per
+-- project: the claim and what became of it (drain._ProjectReport).
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
 -- share the queue and no project is recalculated twice at once; a claimed row is not ready
--- (claimed_at) in the moment between another drain's claim and its work transaction either.
--- Poisoned rows (attempt_count at the threshold) are left for triage and can never block the
--- rows behind them.
--- `attempted` (uuid[]): projects this tick already tried; a failed or deferred row is retried
--- on a later tick (spec), never again in the same one however short retry_interval is; NULL
--- (pgbench, bench/) excludes nothing.
-WITH relaxed AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-)
-SELECT c.project_id, c.tenant_id, c.last_reason, c.requested_count, c.attempt_count,
-       c.waited_seconds, c.claimed_at, c.previous_attempted_at
-FROM relaxed, chessboard.claim_due_request(:attempted::uuid[]) c;
-
--- name: release_claim(project_id, claimed_at, previous_attempted_at)!
--- An attempt that ended without a verdict on the project (interrupted by a stop, or a lock wait
--- on the claimed row itself), or a claim in hand when the tick stops, is given back: no attempt
--- in progress, the retry clock as before the claim (migration 0014).
-SELECT chessboard.release_claim(:project_id, :claimed_at, :previous_attempted_at);
-
--- name: recalc_project_step(project_id, claimed_at, previous_attempted_at, requested_count, traceparent, lock_share, claim_next, attempted)^
--- One claimed project's work transaction, sent alone in autocommit (migration 0014): the work
--- (recalc_claimed_project: the claimed row locked again, then in a savepoint the project's rows
--- locked, the four aggregate tables recomputed, the changed snapshots published and the request
--- deleted), its outcome recorded while the claimed row is held (release_claim for "deferred",
--- the failed run for "failed", the counters), and, when claim_next, the tick's next project
--- claimed (next_*), all committed at once.
-SELECT * FROM chessboard.recalc_project_step(
-    :project_id, :claimed_at, :previous_attempted_at, :requested_count, :traceparent,
-    :lock_share, :claim_next, :attempted::uuid[]);
+-- (claimed_at) in the moment between another drain's claim and its work either. Poisoned rows
+-- (attempt_count at the threshold) are left for triage and never block the rows behind them.
+-- `attempted` (uuid[]): projects this tick already tried; a failed or deferred row is retried on
+-- a later tick (spec), never again in the same one however short retry_interval is.
+-- `traceparents` (text[]): the n-th project's span context, stamped into its events; NULL when
+-- nothing is traced.
+CALL chessboard.recalc_tick(:batch, :claim_for, :attempted::uuid[], :traceparents::text[],
+                            :lock_share, NULL);
 
 -- name: poisoned_requests()
 -- Rows parked for triage (runbook: fix the data, then requeue).
