@@ -1,5 +1,6 @@
 """The drain's counters, written where it counts: inside each project's work transaction (one
-outcome row, `record_recalc_outcome` of migration 0014, called by `recalc_project_step`), so a
+outcome row, `record_recalc_outcome` of migration 0014, called by `recalc_project_step`, and by
+migration 0018's `recalc_tick` for a lock wait on the claimed row or the statement timeout), so a
 rolled-back project counts nothing, a committed one exactly once, and the count survives the
 process; folded into the counters at each tick's end, with the tick's liveness (`record_tick`).
 The exporter (`pin_pipelines.metrics`) only reads them, with the label values below."""
@@ -15,9 +16,9 @@ from pin_pipelines.db import queries
 Q: Any = queries("recalc")
 
 #: The drain's outcomes as `chessboard_recalc_runs_total{result}` values, as
-#: recalc_project_step writes them (migration 0014); "error" is the spec's name for a failed run
-#: (alert "рост runs_total{result=error}"). An interrupted attempt was given back, so it is not a
-#: run.
+#: recalc_project_step and recalc_tick write them (migrations 0014, 0018); "error" is the spec's
+#: name for a failed run (alert "рост runs_total{result=error}"). An interrupted attempt was given
+#: back, so it is not a run.
 RESULT_LABELS: dict[str, str] = {
     "recalculated": "success",
     "skipped_archived": "skipped_archived",
