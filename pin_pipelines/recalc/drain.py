@@ -339,31 +339,21 @@ class _ProjectReport:
         }
 
     def result(self) -> ProjectResult:
-        if self.outcome == "recalculated":
-            return ProjectResult(
-                self.project_id,
-                "recalculated",
-                self.duration_seconds,
-                republished=self.republished,
-                buildings_updated=self.buildings_written or 0,
-                requested_count=self.requested_count,
-            )
-        if self.outcome == "skipped_archived":
-            return ProjectResult(
-                self.project_id,
-                "skipped_archived",
-                self.duration_seconds,
-                requested_count=self.requested_count,
-            )
-        if self.outcome == "failed":
-            return ProjectResult(
-                self.project_id,
-                "failed",
-                self.duration_seconds,
-                error=self.error,
-                attempt_count=self.failed_runs,
-            )
-        return ProjectResult(self.project_id, self.outcome, self.duration_seconds)
+        """The outcome's figures, each kind with only its own: republished rows for a
+        recalculated project, coalesced requests for one done (recalculated or archived), the
+        error and failed runs for a failure."""
+        recalculated = self.outcome == "recalculated"
+        failed = self.outcome == "failed"
+        return ProjectResult(
+            self.project_id,
+            self.outcome,
+            self.duration_seconds,
+            republished=self.republished if recalculated else {},
+            buildings_updated=(self.buildings_written or 0) if recalculated else 0,
+            requested_count=self.requested_count if self.outcome in _DONE else 0,
+            error=self.error if failed else None,
+            attempt_count=self.failed_runs if failed else None,
+        )
 
     def log_line(self, correlation_id: str) -> tuple[str, int, dict[str, Any]]:
         """The outcome's log line: its event, level and fields. A recalculated project: the
@@ -388,6 +378,8 @@ class _ProjectReport:
 
 #: Outcomes that leave the project's queue row in place for a later tick.
 _STILL_QUEUED = frozenset({"failed", "deferred"})
+#: Outcomes that end the project's queue row: its coalesced requests are served.
+_DONE = frozenset({"recalculated", "skipped_archived"})
 
 #: The log line of each outcome of a claimed project: its event and level.
 _OUTCOME_EVENTS: dict[Outcome, tuple[str, int]] = {
