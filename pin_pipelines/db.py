@@ -20,6 +20,7 @@ from psycopg.rows import class_row, scalar_row
 
 from pin_pipelines.config import PG_CLIENT_DEAD_PEER_PARAMS, SQL_DIR
 from pin_pipelines.errors import PinError, first_line
+from pin_pipelines.redact import redact_url
 
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
 
@@ -48,7 +49,9 @@ def connect(
         conninfo = make_conninfo("", **params)
         return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as exc:
-        raise PinError(f"PostgreSQL at {_redact(dsn)} is unreachable: {first_line(exc)}") from exc
+        raise PinError(
+            f"PostgreSQL at {redact_url(dsn)} is unreachable: {first_line(exc)}"
+        ) from exc
 
 
 #: What a statement of this release meets on a database it has not migrated.
@@ -63,7 +66,7 @@ UNMIGRATED = (
 def unmigrated(dsn: str, exc: psycopg.Error) -> PinError:
     """One of UNMIGRATED as what to do about it."""
     return PinError(
-        f"PostgreSQL at {_redact(dsn)}: the schema is missing or older than this release "
+        f"PostgreSQL at {redact_url(dsn)}: the schema is missing or older than this release "
         f"({first_line(exc)}); run `pin db migrate`"
     )
 
@@ -85,7 +88,7 @@ def connection(
         if not conn.broken:
             raise
         raise PinError(
-            f"PostgreSQL at {_redact(dsn)}: connection lost ({first_line(exc)}); what it had "
+            f"PostgreSQL at {redact_url(dsn)}: connection lost ({first_line(exc)}); what it had "
             "not committed was rolled back"
         ) from exc
     finally:
@@ -115,13 +118,3 @@ def fetch_column(query: Any, conn: psycopg.Connection, **params: Any) -> list[An
     """The one column of every row of named query `query`."""
     with conn.cursor(row_factory=scalar_row) as cursor:
         return cursor.execute(query.sql, params).fetchall()
-
-
-def _redact(dsn: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return dsn
