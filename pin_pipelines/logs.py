@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from pin_pipelines.redact import redact_url
+
 
 def log_event(
     logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any
@@ -30,9 +32,17 @@ def configure_run_logging(level: int = logging.INFO) -> None:
     _log_to(sys.stdout, level)
 
 
+class _RedactingFormatter(logging.Formatter):
+    """The message with every URL's password masked: a field holding a DSN or a driver's error
+    that quotes one must not put a secret into a log line, whoever logged it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_url(super().format(record))
+
+
 def _log_to(stream: TextIO, level: int) -> None:
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(_RedactingFormatter("%(message)s"))
     root = logging.getLogger("pin_pipelines")
     root.handlers[:] = [handler]
     root.setLevel(level)
