@@ -16,6 +16,12 @@ hold the configuration to what Dagster itself accepts and to the repository's ow
   `pin api serve` in the code server's image on the port its Service and probes name, and the
   settings the pod gets valid for the API: a ClickHouse server, the identity provider, all
   interfaces of the pod.
+- Credentials (CONTRACT section 8): no file under deploy/ holds one (no Secret with data, no URL
+  with a password, no password-like key with a literal value); they come only from the Secrets
+  the example manifest's comments tell the operator to create, as environment variables
+  (PGUSER/PGPASSWORD) or as files mounted whole where the settings' paths point, in every pod that
+  runs project code (code server, run workers, read API, migrate Job); the migrate Job alone is
+  the schema owner.
 
 No service is needed: everything is read from files and Dagster's schemas.
 """
@@ -29,9 +35,11 @@ import json
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import dagster
 import pytest
@@ -47,8 +55,8 @@ from dagster._serdes.config_class import (
 )
 from dagster_k8s import K8sRunLauncher
 
-from pin_pipelines.clickhouse import ServerAddress, parse_clickhouse_url
-from pin_pipelines.config import Settings
+from pin_pipelines.clickhouse.url import DATABASE as CLICKHOUSE_DATABASE
+from pin_pipelines.config import LOOPBACK_HOSTS, Settings
 from pin_pipelines.dagster_instance import instance_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +67,7 @@ ENV_MANIFEST = K8S_DIR / "pin-env.example.yaml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 API_MANIFEST = K8S_DIR / "dev-stats-api.yaml"
+MIGRATE_MANIFEST = K8S_DIR / "pin-db-migrate.yaml"
 
 #: The namespace the values' install command uses (`helm upgrade --install pin ... -n pin`): the
 #: chart fills the run launcher's job namespace from it.
@@ -172,6 +181,9 @@ def chart_instance(values: Mapping[str, Any]) -> Config:
         "volume_mounts": launcher["volumeMounts"],
         "volumes": launcher["volumes"],
     }
+    run_k8s_config = {
+        snake(key): value for key, value in launcher.get("runK8sConfig", {}).items() if value
+    }
     run_retries = {"enabled": daemon["runRetries"]["enabled"]}
     if daemon["runRetries"]["maxRetries"]:  # the template drops a 0
         run_retries["max_retries"] = daemon["runRetries"]["maxRetries"]
@@ -210,6 +222,7 @@ def chart_instance(values: Mapping[str, Any]) -> Config:
                 **{key: value for key, value in optional_launcher_lists.items() if value},
                 "resources": launcher["resources"],
                 "security_context": launcher["securityContext"],
+                **({"run_k8s_config": run_k8s_config} if run_k8s_config else {}),
             },
         },
         "run_coordinator": {
@@ -365,35 +378,52 @@ def test_the_kubernetes_instance_keeps_the_repository_limits() -> None:
     assert drain_limit == int(code_server(values)["env"]["PIN_RECALC_MAX_DRAIN_RUNS"])
 
 
+def config_maps(refs: Iterable[str], extra: Iterable[Config] = ()) -> Config:
+    """The settings the named ConfigMaps give a pod, later ones winning as in `envFrom`; the
+    example manifest's and `extra`'s ConfigMaps."""
+    by_name = {
+        doc["metadata"]["name"]: doc["data"]
+        for doc in [*yaml.safe_load_all(ENV_MANIFEST.read_text()), *extra]
+        if doc["kind"] == "ConfigMap"
+    }
+    settings: Config = {}
+    for name in refs:
+        settings |= by_name[name]
+    return settings
+
+
+def assert_tls_clickhouse_server(url: str) -> None:
+    """A ClickHouse server (never the embedded engine: one process per folder) over the native
+    protocol with TLS, the server's certificate verified against a CA file, no password in it."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    assert parts.scheme == "clickhouses", url
+    assert parts.hostname not in LOOPBACK_HOSTS and parts.username and parts.password is None
+    assert parts.path.strip("/") == CLICKHOUSE_DATABASE
+    assert query["verify"] == ["true"] and query["ca_certs"][0].startswith("/"), url
+
+
 def test_the_code_server_and_the_runs_get_the_contract_settings() -> None:
     """The code server (sensors) and the run workers draw on the same ConfigMap and Secret; the
-    example manifest defines them, with credentials only in the Secret; together with the values'
-    env they make valid Settings pointing at external services, ClickHouse as a server."""
+    example manifest defines the ConfigMap, with no credential in it; together with the values'
+    env it makes valid Settings pointing at external services over TLS, ClickHouse as a server;
+    Dagster's storage password is a Secret the operator is told to create, with the chart's
+    key."""
     values = load_yaml(VALUES)
     server = code_server(values)
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
-    manifests = {
-        (doc["kind"], doc["metadata"]["name"]): doc
-        for doc in yaml.safe_load_all(ENV_MANIFEST.read_text())
-    }
 
     assert names(server["envConfigMaps"]) == names(launcher["envConfigMaps"])
     assert names(server["envSecrets"]) == names(launcher["envSecrets"])
-    config_maps: Config = {}
-    for name in names(server["envConfigMaps"]):
-        config_maps |= manifests[("ConfigMap", name)]["data"]
-    secrets: Config = {}
-    for name in names(server["envSecrets"]):
-        secrets |= manifests[("Secret", name)]["stringData"]
-    assert {"PIN_PG_DSN", "PIN_CLICKHOUSE_URL"} <= secrets.keys()
-    assert "PIN_KAFKA_BOOTSTRAP" in config_maps
+    settings_map = config_maps(names(server["envConfigMaps"]))
+    assert {"PIN_PG_DSN", "PIN_CLICKHOUSE_URL", "PIN_KAFKA_BOOTSTRAP"} <= settings_map.keys()
 
-    settings = Settings.from_env({**config_maps, **secrets, **server["env"]})
-    assert isinstance(parse_clickhouse_url(settings.clickhouse_url), ServerAddress)
+    settings = Settings.from_env({**settings_map, **server["env"]})
+    assert_tls_clickhouse_server(settings.clickhouse_url)
     assert not settings.pg.is_local
+    assert parse_qs(urlsplit(settings.pg_dsn).query)["sslmode"] == ["verify-full"]
     assert not settings.kafka_is_local
-    dagster_secret = manifests[("Secret", values["global"]["postgresqlSecretName"])]
-    assert set(dagster_secret["stringData"]) == {"postgresql-password"}
+    assert operator_secrets()[values["global"]["postgresqlSecretName"]] == {"postgresql-password"}
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -581,21 +611,11 @@ def test_the_api_pods_serve_the_contract_on_their_service() -> None:
         GRACEFUL_SECONDS
     )
 
-    env_manifests = {
-        (doc["kind"], doc["metadata"]["name"]): doc
-        for doc in [*yaml.safe_load_all(ENV_MANIFEST.read_text()), api_config]
-    }
-    given: Config = {}
-    for source in container["envFrom"]:
-        if "configMapRef" in source:
-            given |= env_manifests[("ConfigMap", source["configMapRef"]["name"])]["data"]
-        else:
-            given |= env_manifests[("Secret", source["secretRef"]["name"])]["stringData"]
-    assert names(server["envConfigMaps"])[0] in {
-        s["configMapRef"]["name"] for s in container["envFrom"] if "configMapRef" in s
-    }
+    config_map_names = [s["configMapRef"]["name"] for s in container["envFrom"]]
+    given = config_maps(config_map_names, [api_config])
+    assert names(server["envConfigMaps"])[0] in config_map_names
     settings = Settings.from_env({**given, **env})
-    assert isinstance(parse_clickhouse_url(settings.clickhouse_url), ServerAddress)
+    assert_tls_clickhouse_server(settings.clickhouse_url)
     assert (settings.api_addr, settings.api_port, settings.api_metrics_port) == (
         "0.0.0.0",
         port["containerPort"],
@@ -603,3 +623,229 @@ def test_the_api_pods_serve_the_contract_on_their_service() -> None:
     )
     assert settings.api_jwks_url and settings.api_jwks_url.startswith("https://")
     assert settings.api_issuer and settings.api_audience
+
+
+# --- credentials: Kubernetes Secrets only (CONTRACT section 8) --------------------------------
+
+#: `://user:password@` in a URL, anywhere in a file (comments included).
+URL_WITH_PASSWORD = re.compile(r"://[^/\s:@]*:[^/\s@]*@")
+#: Keys (or env entries' names) that would hold a credential.
+CREDENTIAL_KEY = re.compile(r"pass(word|wd)?|secret|token|credential|api_?key|private_?key", re.I)
+#: The settings naming a file; PostgreSQL's and ClickHouse's URL parameters naming one.
+FILE_SETTINGS = ("PIN_KAFKA_CONFIG", "PIN_CLICKHOUSE_PASSWORD_FILE")
+PG_FILE_PARAMS = ("sslrootcert", "sslcert", "sslkey", "passfile")
+CLICKHOUSE_FILE_PARAMS = ("ca_certs", "certfile", "keyfile")
+#: The PostgreSQL role of a pod, as libpq's environment (the DSN names neither).
+PG_ROLE_KEYS = {"PGUSER", "PGPASSWORD"}
+
+
+def operator_secrets() -> dict[str, set[str]]:
+    """The Secrets the example manifest's comments tell the operator to create, name → keys,
+    read from its `kubectl ... create secret generic NAME --from-file=KEY=... --from-literal=
+    KEY=...` commands (continuation lines joined)."""
+    lines = ENV_MANIFEST.read_text().splitlines()
+    comments = "\n".join(line.strip()[1:] for line in lines if line.strip().startswith("#"))
+    commands = re.sub(r"\\\n", " ", comments)
+    return {
+        match[1]: set(re.findall(r"--from-(?:file|literal)=([^=\s]+)=", match[2]))
+        for match in re.finditer(
+            r"kubectl .*create secret generic ([a-z0-9][a-z0-9-]*)(.*)", commands
+        )
+    }
+
+
+def deploy_yaml_files() -> list[Path]:
+    return sorted((REPO / "deploy").rglob("*.yaml"))
+
+
+def credential_findings(text: str, references: set[str]) -> list[str]:
+    """What in one YAML file looks like a credential: a URL with a password (comments included),
+    a Secret with `data`/`stringData`, a credential-like key (or env entry) with a literal value
+    that is neither a Secret name in `references` nor a file path."""
+    found = [f"URL with a password: {m[0]}" for m in URL_WITH_PASSWORD.finditer(text)]
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("kind") == "Secret" and {"data", "stringData"} & node.keys():
+                found.append(f"{where}: a Secret with data")
+            for key, value in node.items():
+                named = str(node.get("name")) if key == "value" else str(key)
+                literal = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+                reference = isinstance(value, str) and (value in references or value[:1] == "/")
+                if CREDENTIAL_KEY.search(named) and literal and not reference:
+                    found.append(f"{where}.{key}: a literal {named}")
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for n, item in enumerate(node):
+                walk(item, f"{where}[{n}]")
+
+    for n, doc in enumerate(yaml.safe_load_all(text)):
+        walk(doc, f"document {n}")
+    return found
+
+
+def test_no_file_under_deploy_holds_a_credential() -> None:
+    """Every YAML file under deploy/ (values, instance config, manifests) is free of Secrets with
+    data, URLs with a password and literal password-like values; the scan itself catches each of
+    those when one is put into a copy of the example manifest."""
+    references = set(operator_secrets())
+    for path in deploy_yaml_files():
+        assert credential_findings(path.read_text(), references) == [], path
+
+    clean = ENV_MANIFEST.read_text()
+    planted = {
+        "Secret with data": "---\nkind: Secret\nmetadata: {name: x}\nstringData: {a: b}\n",
+        "URL with a password": "---\nkind: ConfigMap\ndata: {U: 'postgresql://pin:hunter2@db/pin'}\n",
+        "literal password": "---\nkind: ConfigMap\ndata: {PGPASSWORD: hunter2}\n",
+        "literal PGPASSWORD": "---\nenv: [{name: PGPASSWORD, value: hunter2}]\n",
+        "literal password key": "---\npostgresql: {postgresqlPassword: hunter2}\n",
+    }
+    for what, extra in planted.items():
+        assert credential_findings(clean + extra, references), what
+
+
+@dataclass(frozen=True)
+class ProjectPod:
+    """A pod running project code, as far as its credentials go."""
+
+    name: str
+    settings: Config
+    env_secrets: list[str]
+    volumes: list[Config]
+    mounts: list[Config]
+    fs_group: int | None
+
+
+def project_pods() -> dict[str, ProjectPod]:
+    """The code server (values), the run workers (the instance config the launcher reads, equal
+    to the values), the read API and the migrate Job (their manifests)."""
+    values = load_yaml(VALUES)
+    server = code_server(values)
+    launcher = load_yaml(INSTANCE)["run_launcher"]["config"]
+    pods = {
+        "code server": ProjectPod(
+            "code server",
+            {**config_maps(names(server["envConfigMaps"])), **server["env"]},
+            names(server["envSecrets"]),
+            server["volumes"],
+            server["volumeMounts"],
+            server["podSecurityContext"].get("fsGroup"),
+        ),
+        "run worker": ProjectPod(
+            "run worker",
+            config_maps(launcher["env_config_maps"]),
+            launcher["env_secrets"],
+            launcher["volumes"],
+            launcher["volume_mounts"],
+            launcher["run_k8s_config"]["pod_spec_config"]["securityContext"].get("fsGroup"),
+        ),
+    }
+    api_config = api_manifests()["ConfigMap"]
+    for name, template in (
+        ("read API", api_manifests()["Deployment"]["spec"]["template"]),
+        ("migrate Job", load_yaml(MIGRATE_MANIFEST)["spec"]["template"]),
+    ):
+        (container,) = template["spec"]["containers"]
+        refs = container["envFrom"]
+        env = {item["name"]: item["value"] for item in container.get("env", [])}
+        pods[name] = ProjectPod(
+            name,
+            {
+                **config_maps(
+                    [r["configMapRef"]["name"] for r in refs if "configMapRef" in r], [api_config]
+                ),
+                **env,
+            },
+            [r["secretRef"]["name"] for r in refs if "secretRef" in r],
+            template["spec"]["volumes"],
+            container["volumeMounts"],
+            template["spec"]["securityContext"].get("fsGroup"),
+        )
+    return pods
+
+
+def secret_file_paths(settings: Mapping[str, str], *, clickhouse_only: bool) -> list[str]:
+    """Every file a pod's settings name: PIN_KAFKA_CONFIG, PIN_CLICKHOUSE_PASSWORD_FILE and the
+    file parameters of PIN_PG_DSN and PIN_CLICKHOUSE_URL (only ClickHouse's for the read API,
+    which uses nothing else)."""
+    pg = parse_qs(urlsplit(settings["PIN_PG_DSN"]).query)
+    clickhouse = parse_qs(urlsplit(settings["PIN_CLICKHOUSE_URL"]).query)
+    paths = [settings["PIN_CLICKHOUSE_PASSWORD_FILE"]]
+    paths += [value for key in CLICKHOUSE_FILE_PARAMS for value in clickhouse.get(key, [])]
+    if not clickhouse_only:
+        paths.append(settings["PIN_KAFKA_CONFIG"])
+        paths += [value for key in PG_FILE_PARAMS for value in pg.get(key, [])]
+    return paths
+
+
+def test_every_project_pod_mounts_the_secrets_its_settings_name() -> None:
+    """For the code server, the run workers, the read API and the migrate Job: each file the
+    settings name lies in a mounted volume (a whole Secret, no subPath, so a rotation reaches the
+    running pod) whose Secret the operator is told to create with that file as a key; the
+    volumes and mounts are valid Kubernetes objects; the files are read-only, group-readable
+    through the pod's fsGroup, and only the CA is readable by others. PostgreSQL's role comes
+    from PGUSER/PGPASSWORD (libpq ignores a group-readable passfile): `pin-postgres` for the
+    workers, `pin-postgres-owner` for the migrate Job alone, nothing for the read API."""
+    secrets = operator_secrets()
+    pods = project_pods()
+    assert set(pods) == {"code server", "run worker", "read API", "migrate Job"}
+    for pod in pods.values():
+        k8s_model("list[V1Volume]", pod.volumes, pod.name)
+        k8s_model("list[V1VolumeMount]", pod.mounts, pod.name)
+        volumes = {volume["name"]: volume for volume in pod.volumes}
+        assert pod.fs_group is not None, pod.name
+        for mount in pod.mounts:
+            assert "subPath" not in mount and "subPathExpr" not in mount, (pod.name, mount)
+        paths = secret_file_paths(pod.settings, clickhouse_only=pod.name == "read API")
+        for path in paths:
+            folder = PurePosixPath(path).parent
+            holding = [m for m in pod.mounts if PurePosixPath(m["mountPath"]) == folder]
+            assert len(holding) == 1, f"{pod.name}: no volume mounted at {folder} for {path}"
+            (mount,) = holding
+            secret = volumes[mount["name"]]["secret"]
+            assert "items" not in secret, (pod.name, secret)
+            assert PurePosixPath(path).name in secrets[secret["secretName"]], (pod.name, path)
+            assert mount.get("readOnly") is True, (pod.name, mount)
+            mode = secret["defaultMode"]
+            assert mode & 0o333 == 0 and mode & 0o040, (pod.name, oct(mode))
+            if secrets[secret["secretName"]] != {"ca.crt"}:
+                assert mode & 0o007 == 0, (pod.name, secret["secretName"], oct(mode))
+
+        pg = urlsplit(pod.settings["PIN_PG_DSN"])
+        assert pg.username is None and pg.password is None, pod.name
+        Settings.from_env(pod.settings)
+        assert_tls_clickhouse_server(pod.settings["PIN_CLICKHOUSE_URL"])
+        expected = {
+            "code server": ["pin-postgres"],
+            "run worker": ["pin-postgres"],
+            "migrate Job": ["pin-postgres-owner"],
+            "read API": [],
+        }[pod.name]
+        assert pod.env_secrets == expected, pod.name
+        for name in expected:
+            assert secrets[name] == PG_ROLE_KEYS, name
+
+    values = load_yaml(VALUES)
+    assert secrets[values["global"]["postgresqlSecretName"]] == {"postgresql-password"}
+    api_user = urlsplit(pods["read API"].settings["PIN_CLICKHOUSE_URL"]).username
+    assert api_user != urlsplit(pods["code server"].settings["PIN_CLICKHOUSE_URL"]).username
+
+
+def test_the_migrate_job_runs_pin_db_migrate_in_the_code_servers_image() -> None:
+    """deploy/k8s/pin-db-migrate.yaml builds as a Kubernetes Job (every key known) running
+    `pin db migrate` (a command the CLI has) in the code server's image, never restarted in
+    place, as the image's non-root user."""
+    from pin_pipelines.cli import build_parser
+
+    job = load_yaml(MIGRATE_MANIFEST)
+    k8s_model("V1Job", job, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    server = code_server(load_yaml(VALUES))
+    dockerfile_user = [args for word, args in dockerfile_instructions() if word == "USER"][-1]
+
+    assert container["command"] == ["pin", "db", "migrate"]
+    assert build_parser().parse_args(container["command"][1:]).handler.__name__ == "cmd_db_migrate"
+    assert container["image"] == f"{server['image']['repository']}:{server['image']['tag']}"
+    assert pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsUser"] == int(dockerfile_user)
