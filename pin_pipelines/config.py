@@ -146,6 +146,9 @@ class Settings:
     api_jwks_url: str | None = None
     api_issuer: str | None = None
     api_audience: str | None = None
+    #: PIN_CLICKHOUSE_PASSWORD_FILE: the ClickHouse password of a URL without one, read at each
+    #: connection (a Kubernetes secret mounted as a file; a rotated one counts from the next).
+    clickhouse_password_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -197,6 +200,9 @@ class Settings:
             api_jwks_url=_http_url(e, "PIN_API_JWKS_URL"),
             api_issuer=e.get("PIN_API_ISSUER") or None,
             api_audience=e.get("PIN_API_AUDIENCE") or None,
+            clickhouse_password_file=Path(e["PIN_CLICKHOUSE_PASSWORD_FILE"])
+            if e.get("PIN_CLICKHOUSE_PASSWORD_FILE")
+            else None,
         )
 
     @property

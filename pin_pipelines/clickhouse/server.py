@@ -54,12 +54,18 @@ class ServerClickHouse(ClickHouse):
 
     def __init__(self, address: ServerAddress, *, connect_timeout: float = 3.0) -> None:
         self.location = str(address)
+        self._address = address
         # Connects lazily on the first statement; the driver reconnects after a network error.
+        # The password is set before each statement (_driver_errors): it may come from a file.
         self._client = Client(
             host=address.host,
             port=address.port,
             user=address.user,
-            password=address.password,
+            secure=address.secure,
+            verify=address.verify,
+            ca_certs=address.ca_certs,
+            certfile=address.certfile,
+            keyfile=address.keyfile,
             connect_timeout=connect_timeout,
             # A live server answers a long statement late; a silent one (a partition) is found
             # by keepalive well before the receive timeout (issue 24).
@@ -154,14 +160,31 @@ class ServerClickHouse(ClickHouse):
 
     @contextmanager
     def _driver_errors(self) -> Iterator[None]:
+        """The driver's errors as PinErrors naming the server: retryable (ClickHouseUnavailable)
+        or not (ClickHouseError: a refused credential or certificate does not heal by itself).
+
+        Also gives the connection the current password first: read from
+        PIN_CLICKHOUSE_PASSWORD_FILE at each statement (a file read is microseconds), so
+        whichever statement (re)connects uses a rotated secret."""
+        self._client.connection.password = self._address.current_password()
+        connecting = not self._client.connection.connected
         try:
             yield
         except _UNREACHABLE as exc:
             self._client.disconnect()
+            refused = _refused_connection(exc, self._address, connecting)
+            if refused is not None:
+                raise ClickHouseError(f"ClickHouse at {self.location}: {refused}") from exc
             raise ClickHouseUnavailable(
                 f"ClickHouse server at {self.location} is unreachable: {_first_line(exc)}"
             ) from exc
         except ServerException as exc:
+            if exc.code in _AUTHENTICATION_CODES:
+                raise ClickHouseError(
+                    f"ClickHouse at {self.location}: authentication failed for user "
+                    f"{self._address.user!r} ({_first_line(exc)}); check the URL's password or "
+                    "PIN_CLICKHOUSE_PASSWORD_FILE"
+                ) from exc
             error = (
                 ClickHouseUnavailable if exc.code in _TRANSIENT_SERVER_CODES else ClickHouseError
             )
@@ -170,6 +193,41 @@ class ServerClickHouse(ClickHouse):
             raise ClickHouseError(
                 f"ClickHouse server at {self.location}: {_first_line(exc)}"
             ) from exc
+
+
+#: UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED (18.16) and
+#: AUTHENTICATION_FAILED (current servers, which no longer tell a wrong user from a wrong password).
+_AUTHENTICATION_CODES = frozenset({192, 193, 194, 195, 516})
+
+
+def _refused_connection(exc: BaseException, address: ServerAddress, connecting: bool) -> str | None:
+    """Why a connection that reached the server was refused at the TLS layer, in an operator's
+    words; None for a server that is down or unreachable (retried). `connecting`: the statement
+    began without a connection, so the error may be the handshake's.
+
+    A plaintext client at a TLS port sends its hello as cleartext; the server reads it as a
+    broken TLS handshake and resets the connection (18.16; others close it or never answer), so
+    the client fails before the server's hello. A server that is down refuses the connection
+    instead, so a reset (or EOF, or silence) while connecting is named as the likely cause,
+    with the fix.
+    """
+    text = _first_line(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            f"certificate not trusted ({text}); ca_certs= must name the CA that signed the "
+            "server's certificate"
+        )
+    if address.secure and ("WRONG_VERSION_NUMBER" in text or "wrong version number" in text):
+        return f"the server does not speak TLS on this port ({text}); use clickhouse://"
+    handshake_cut = "Connection reset by peer" in text or isinstance(
+        exc, EOFError | SocketTimeoutError
+    )
+    if connecting and not address.secure and handshake_cut:
+        return (
+            f"the server requires TLS? It cut the connection before its hello ({text}); "
+            "use clickhouses:// (or secure=true) for its TLS port"
+        )
+    return None
 
 
 _REPLICA_FAILURE = re.compile(r"e\.displayText\(\) = [\w:]+: (.*?), e\.what\(\)")
