@@ -14,6 +14,7 @@ from uuid import UUID
 from pin_pipelines.config import Settings, traceback_requested
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.logs import configure_cli_logging
+from pin_pipelines.redact import redact_url
 
 Handler = Callable[[argparse.Namespace, Settings], Any]
 
@@ -365,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env()
         args.handler(args, settings)
     except PinError as exc:
-        print(f"pin: error: {first_line(exc)}", file=sys.stderr)
+        print(f"pin: error: {redact_url(first_line(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("pin: interrupted", file=sys.stderr)
@@ -374,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if traceback_requested():
             traceback.print_exc()
         what = f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else first_line(exc)
-        print(f"pin: error: {what} (PIN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"pin: error: {redact_url(what)} (PIN_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     return 0
 

@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from pin_pipelines.redact import redact_url
+
 
 def log_event(
     logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any
@@ -15,7 +17,8 @@ def log_event(
     if not logger.isEnabledFor(level):
         return
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
-    logger.log(level, json.dumps(record, default=str, ensure_ascii=False))
+    # Whatever a field holds (an error quoting a URL), no password reaches the log.
+    logger.log(level, redact_url(json.dumps(record, default=str, ensure_ascii=False)))
 
 
 def configure_cli_logging(level: int = logging.INFO) -> None:
