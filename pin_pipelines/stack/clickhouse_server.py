@@ -207,7 +207,7 @@ class LocalClickHouseServer:
             "state": action,
             "version": self._version(),
             "port": self.address.port,
-            "tls_port": self.tls_port,
+            **self._tls_port(),
             "ready_seconds": round(time.monotonic() - launched, 2),
             "total_seconds": round(time.monotonic() - started, 2),
         }
@@ -228,9 +228,12 @@ class LocalClickHouseServer:
             "state": state,
             "pid": pid,
             "port": self.address.port,
-            "tls_port": self.tls_port,
+            **self._tls_port(),
             "version": version,
         }
+
+    def _tls_port(self) -> dict[str, object]:
+        return {} if self.tls_port is None else {"tls_port": self.tls_port}
 
     def _not_managed(self) -> dict[str, object]:
         """A server this project did not start (remote, or already on the port): checked only."""
