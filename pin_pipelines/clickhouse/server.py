@@ -43,6 +43,15 @@ _TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 252, 279,
 #:   it yet; a replica that is down is skipped.
 CLUSTER_SETTINGS = {"insert_distributed_sync": 1, "load_balancing": "in_order"}
 
+#: A live server answers a long statement late; a silent one (a partition) is found by
+#: keepalive well before this receive timeout (issue 24).
+SEND_RECEIVE_SECONDS = 60
+#: How long the native protocol's hello may take. A server answers it at once, so only a peer
+#: that is not the server the URL says waits it out (a plaintext client at a TLS port that
+#: stays silent, a proxy), and the command fails well within the contract's 60 s; the TLS
+#: handshake itself is bounded by the connect timeout.
+HANDSHAKE_SECONDS = 10
+
 
 class ServerClickHouse(ClickHouse):
     #: An insert through a Distributed table is acknowledged once every shard it touched has
@@ -67,9 +76,7 @@ class ServerClickHouse(ClickHouse):
             certfile=address.certfile,
             keyfile=address.keyfile,
             connect_timeout=connect_timeout,
-            # A live server answers a long statement late; a silent one (a partition) is found
-            # by keepalive well before the receive timeout (issue 24).
-            send_receive_timeout=60,
+            send_receive_timeout=SEND_RECEIVE_SECONDS,
             tcp_keepalive=TCP_KEEPALIVE,
             sync_request_timeout=5,
             settings=CLUSTER_SETTINGS,
@@ -158,6 +165,17 @@ class ServerClickHouse(ClickHouse):
         with self._driver_errors():
             return self._client.execute(sql, external_tables=external_tables)
 
+    def _handshake(self) -> None:
+        """Connect with the hello bounded by HANDSHAKE_SECONDS, then give the socket the
+        statements' receive timeout."""
+        connection = self._client.connection
+        connection.send_receive_timeout = HANDSHAKE_SECONDS
+        try:
+            connection.connect()
+        finally:
+            connection.send_receive_timeout = SEND_RECEIVE_SECONDS
+        connection.socket.settimeout(SEND_RECEIVE_SECONDS)
+
     @contextmanager
     def _driver_errors(self) -> Iterator[None]:
         """The driver's errors as PinErrors naming the server: retryable (ClickHouseUnavailable)
@@ -169,6 +187,8 @@ class ServerClickHouse(ClickHouse):
         self._client.connection.password = self._address.current_password()
         connecting = not self._client.connection.connected
         try:
+            if connecting:
+                self._handshake()
             yield
         except _UNREACHABLE as exc:
             self._client.disconnect()
