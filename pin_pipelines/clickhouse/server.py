@@ -47,8 +47,8 @@ CLUSTER_SETTINGS = {"insert_distributed_sync": 1, "load_balancing": "in_order"}
 #: keepalive well before this receive timeout (issue 24).
 SEND_RECEIVE_SECONDS = 60
 #: How long the native protocol's hello may take. A server answers it at once, so only a peer
-#: that is not the server the URL says waits it out (a plaintext client at a TLS port that
-#: stays silent, a proxy), and the command fails well within the contract's 60 s; the TLS
+#: that is not the server the URL says waits it out (a TLS port that stays silent before a
+#: plaintext client, a proxy), and the command fails well within the contract's 60 s; the TLS
 #: handshake itself is bounded by the connect timeout.
 HANDSHAKE_SECONDS = 10
 
@@ -179,7 +179,7 @@ class ServerClickHouse(ClickHouse):
     @contextmanager
     def _driver_errors(self) -> Iterator[None]:
         """The driver's errors as PinErrors naming the server: retryable (ClickHouseUnavailable)
-        or not (ClickHouseError: a refused credential or certificate does not heal by itself).
+        or not (ClickHouseError: a refused password or certificate does not heal by itself).
 
         Also gives the connection the current password first: read from
         PIN_CLICKHOUSE_PASSWORD_FILE at each statement (a file read is microseconds), so
@@ -192,9 +192,15 @@ class ServerClickHouse(ClickHouse):
             yield
         except _UNREACHABLE as exc:
             self._client.disconnect()
-            refused = _refused_connection(exc, self._address, connecting)
+            refused = _refused_by_tls(exc, self._address)
             if refused is not None:
                 raise ClickHouseError(f"ClickHouse at {self.location}: {refused}") from exc
+            if connecting and not self._address.secure and _cut_before_hello(exc):
+                raise ClickHouseUnavailable(
+                    f"ClickHouse at {self.location}: the server requires TLS? It cut the "
+                    f"connection before its hello ({_first_line(exc)}); use clickhouses:// (or "
+                    "secure=true) for its TLS port"
+                ) from exc
             raise ClickHouseUnavailable(
                 f"ClickHouse server at {self.location} is unreachable: {_first_line(exc)}"
             ) from exc
@@ -220,34 +226,27 @@ class ServerClickHouse(ClickHouse):
 _AUTHENTICATION_CODES = frozenset({192, 193, 194, 195, 516})
 
 
-def _refused_connection(exc: BaseException, address: ServerAddress, connecting: bool) -> str | None:
-    """Why a connection that reached the server was refused at the TLS layer, in an operator's
-    words; None for a server that is down or unreachable (retried). `connecting`: the statement
-    began without a connection, so the error may be the handshake's.
-
-    A plaintext client at a TLS port sends its hello as cleartext; the server reads it as a
-    broken TLS handshake and resets the connection (18.16; others close it or never answer), so
-    the client fails before the server's hello. A server that is down refuses the connection
-    instead, so a reset (or EOF, or silence) while connecting is named as the likely cause,
-    with the fix.
-    """
+def _refused_by_tls(exc: BaseException, address: ServerAddress) -> str | None:
+    """Why the TLS layer refused a connection, in an operator's words and with the fix; None
+    when it did not. Not retried: a certificate does not become trusted by itself."""
     text = _first_line(exc)
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return (
             f"certificate not trusted ({text}); ca_certs= must name the CA that signed the "
             "server's certificate"
         )
-    if address.secure and ("WRONG_VERSION_NUMBER" in text or "wrong version number" in text):
+    if address.secure and "WRONG_VERSION_NUMBER" in text.upper():
         return f"the server does not speak TLS on this port ({text}); use clickhouse://"
-    handshake_cut = "Connection reset by peer" in text or isinstance(
-        exc, EOFError | SocketTimeoutError
-    )
-    if connecting and not address.secure and handshake_cut:
-        return (
-            f"the server requires TLS? It cut the connection before its hello ({text}); "
-            "use clickhouses:// (or secure=true) for its TLS port"
-        )
     return None
+
+
+def _cut_before_hello(exc: BaseException) -> bool:
+    """A connection reset or closed while connecting, before the server's hello: what a
+    plaintext client at a TLS port meets, since the server reads its cleartext hello as a
+    broken TLS handshake (18.16 resets, others close). A server that is down refuses the
+    connection instead, and a partition times out, so this is named as the likely cause; still
+    retried (ClickHouseUnavailable), since a server dying mid-handshake looks the same."""
+    return isinstance(exc, EOFError) or "Connection reset by peer" in str(exc)
 
 
 _REPLICA_FAILURE = re.compile(r"e\.displayText\(\) = [\w:]+: (.*?), e\.what\(\)")
