@@ -164,7 +164,9 @@ def cmd_devstats_labels(args: argparse.Namespace, settings: Settings) -> None:
 
     if not args.ids:
         raise PinError("--ids needs at least one UUID")
-    with open_clickhouse(settings.clickhouse_url) as ch:
+    with open_clickhouse(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as ch:
         _summary(labels(ch, operator_actor(args.developer_id), args.ids, args.project_id))
 
 

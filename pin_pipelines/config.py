@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pin_pipelines.errors import PinError
+from pin_pipelines.redact import redact_url
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/pin"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
@@ -91,16 +92,17 @@ def _default_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    pg_dsn: str
+    #: The URLs may hold passwords: kept out of the repr (a traceback's locals, a debug print).
+    pg_dsn: str = field(repr=False)
     kafka_bootstrap: str
-    clickhouse_url: str
+    clickhouse_url: str = field(repr=False)
     #: PIN_CLICKHOUSE_CLUSTER: the `remote_servers` cluster `pin db migrate` creates the dimension
     #: on (`ON CLUSTER`, a Distributed table over replicated local tables); None: one node.
     clickhouse_cluster: str | None
     state_dir: Path
     dagster_home: Path
     dagster_port: int
-    dagster_pg_url: str
+    dagster_pg_url: str = field(repr=False)
     #: Concurrent recalc_drain_job runs (PIN_RECALC_MAX_DRAIN_RUNS): the sensor launches no more,
     #: and the run queue of the Dagster instance that `pin serve` prepares admits no more.
     recalc_max_drain_runs: int
@@ -133,7 +135,7 @@ class Settings:
     long_run_seconds: int = DEFAULT_LONG_RUN_SECONDS
     #: PIN_CLICKHOUSE_SERVER_URL: the server `pin stack up|status|down --clickhouse-server`
     #: manages when PIN_CLICKHOUSE_URL does not name one (it is chdb, or a cluster's server).
-    clickhouse_server_url: str = DEFAULT_CLICKHOUSE_SERVER_URL
+    clickhouse_server_url: str = field(default=DEFAULT_CLICKHOUSE_SERVER_URL, repr=False)
     #: `pin api serve` (CONTRACT section 7): where it listens (PIN_API_ADDR, PIN_API_PORT) and
     #: whose tokens it accepts: signed by a key of the identity provider's JWKS (PIN_API_JWKS_URL,
     #: http(s)), issued by PIN_API_ISSUER for PIN_API_AUDIENCE. None: unset; only `pin api serve`
@@ -146,6 +148,9 @@ class Settings:
     api_jwks_url: str | None = None
     api_issuer: str | None = None
     api_audience: str | None = None
+    #: PIN_CLICKHOUSE_PASSWORD_FILE: the ClickHouse password of a URL without one, read at each
+    #: connection (a Kubernetes secret mounted as a file; a rotated one counts from the next).
+    clickhouse_password_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -197,6 +202,9 @@ class Settings:
             api_jwks_url=_http_url(e, "PIN_API_JWKS_URL"),
             api_issuer=e.get("PIN_API_ISSUER") or None,
             api_audience=e.get("PIN_API_AUDIENCE") or None,
+            clickhouse_password_file=Path(e["PIN_CLICKHOUSE_PASSWORD_FILE"])
+            if e.get("PIN_CLICKHOUSE_PASSWORD_FILE")
+            else None,
         )
 
     @property
@@ -282,7 +290,7 @@ def _http_url(env: Mapping[str, str], name: str) -> str | None:
         return None
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PinError(f"{name} must be an http:// or https:// URL, got {raw!r}")
+        raise PinError(f"{name} must be an http:// or https:// URL, got {redact_url(raw)!r}")
     return raw
 
 
@@ -310,11 +318,11 @@ class PgTarget:
     def parse(cls, dsn: str) -> PgTarget:
         parts = urlsplit(dsn)
         if parts.scheme not in ("postgresql", "postgres"):
-            raise PinError(f"PIN_PG_DSN must be a postgresql:// URL, got {dsn!r}")
+            raise PinError(f"PIN_PG_DSN must be a postgresql:// URL, got {redact_url(dsn)!r}")
         try:
             port = parts.port or 5432
         except ValueError as exc:
-            raise PinError(f"PIN_PG_DSN has a bad port: {dsn!r}") from exc
+            raise PinError(f"PIN_PG_DSN has a bad port: {redact_url(dsn)!r}") from exc
         return cls(
             host=parts.hostname or "127.0.0.1",
             port=port,

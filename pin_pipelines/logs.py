@@ -17,7 +17,8 @@ def log_event(
     if not logger.isEnabledFor(level):
         return
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
-    logger.log(level, json.dumps(record, default=str, ensure_ascii=False))
+    # Whatever a field holds (an error quoting a URL), no password reaches the log.
+    logger.log(level, redact_url(json.dumps(record, default=str, ensure_ascii=False)))
 
 
 def configure_cli_logging(level: int = logging.INFO) -> None:

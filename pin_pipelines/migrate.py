@@ -35,7 +35,9 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     from pin_pipelines.kafka import TopicPolicy, check_topics, ensure_topics
 
     applied = migrate_postgres(settings.pg_dsn)
-    with open_clickhouse(settings.clickhouse_url) as ch:
+    with open_clickhouse(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as ch:
         clickhouse_applied = migrate_clickhouse(ch, settings.clickhouse_cluster)
     policy = TopicPolicy.from_settings(settings)
     try:

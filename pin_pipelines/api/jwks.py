@@ -36,6 +36,7 @@ from jwt.exceptions import PyJWTError
 
 from pin_pipelines.errors import PinError
 from pin_pipelines.logs import log_event
+from pin_pipelines.redact import redact_url
 
 log = logging.getLogger("pin_pipelines.api")
 
@@ -67,27 +68,28 @@ class SigningKey:
 def fetch_jwks(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> dict[str, SigningKey]:
     """The usable keys of the JWKS at `url`, by kid; JwksUnavailable when none can be had."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    shown = redact_url(url)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read(MAX_JWKS_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        raise JwksUnavailable(f"the JWKS at {url} answered HTTP {exc.code}") from exc
+        raise JwksUnavailable(f"the JWKS at {shown} answered HTTP {exc.code}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise JwksUnavailable(f"cannot fetch the JWKS at {url}: {reason}") from exc
+        raise JwksUnavailable(f"cannot fetch the JWKS at {shown}: {reason}") from exc
     if len(body) > MAX_JWKS_BYTES:
-        raise JwksUnavailable(f"the JWKS at {url} is larger than {MAX_JWKS_BYTES} bytes")
+        raise JwksUnavailable(f"the JWKS at {shown} is larger than {MAX_JWKS_BYTES} bytes")
     try:
         document = json.loads(body)
     except ValueError as exc:
-        raise JwksUnavailable(f"the JWKS at {url} is not JSON") from exc
+        raise JwksUnavailable(f"the JWKS at {shown} is not JSON") from exc
     entries = document.get("keys") if isinstance(document, dict) else None
     if not isinstance(entries, list):
-        raise JwksUnavailable(f"the JWKS at {url} has no `keys` list")
+        raise JwksUnavailable(f"the JWKS at {shown} has no `keys` list")
     keys = {key.kid: key for key in map(_signing_key, entries) if key is not None}
     if not keys:
         raise JwksUnavailable(
-            f"the JWKS at {url} holds no RS256 or ES256 signing key with a kid "
+            f"the JWKS at {shown} holds no RS256 or ES256 signing key with a kid "
             f"({len(entries)} keys)"
         )
     return keys

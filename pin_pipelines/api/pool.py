@@ -54,6 +54,7 @@ class ClickHousePool:
         *,
         connections: int = SERVER_CONNECTIONS,
         opener: Callable[..., ClickHouse] = open_clickhouse,
+        password_file: Path | None = None,
     ) -> None:
         embedded = isinstance(parse_clickhouse_url(url), Path)
         self.size = EMBEDDED_CONNECTIONS if embedded else connections
@@ -61,7 +62,7 @@ class ClickHousePool:
         self._idle: queue.LifoQueue[ClickHouse] = queue.LifoQueue()
         try:
             for _ in range(self.size):
-                client = opener(url, serve=embedded)
+                client = opener(url, serve=embedded, password_file=password_file)
                 self._clients.append(client)
                 self._idle.put(client)
         except BaseException:

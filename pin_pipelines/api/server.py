@@ -65,7 +65,9 @@ def serve_api(settings: Settings) -> None:
         audience=_required(settings.api_audience, "PIN_API_AUDIENCE"),
     )
     keys = verifier.keys.load()
-    with ClickHousePool(settings.clickhouse_url) as pool:
+    with ClickHousePool(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as pool:
         try:
             with pool.client() as ch:
                 readable(ch)

@@ -38,14 +38,17 @@ __all__ = [
 ]
 
 
-def open_clickhouse(url: str, *, serve: bool = False) -> ClickHouse:
+def open_clickhouse(
+    url: str, *, serve: bool = False, password_file: Path | None = None
+) -> ClickHouse:
     """A client for `url` (use it as a context manager). The backends import lazily: chdb loads a
     large engine library that a server-only process never needs.
 
     `serve` matters on the embedded engine only: a long-lived process (the continuous loader)
     keeps the folder open and answers the other processes' statements until it closes
-    (`clickhouse/owner.py`); a server needs nothing of the kind."""
-    target = parse_clickhouse_url(url)
+    (`clickhouse/owner.py`); a server needs nothing of the kind. `password_file`
+    (PIN_CLICKHOUSE_PASSWORD_FILE) serves a server URL without a password."""
+    target = parse_clickhouse_url(url, password_file=password_file)
     if isinstance(target, Path):
         from pin_pipelines.clickhouse.embedded import EmbeddedClickHouse
 

@@ -43,6 +43,15 @@ _TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 252, 279,
 #:   it yet; a replica that is down is skipped.
 CLUSTER_SETTINGS = {"insert_distributed_sync": 1, "load_balancing": "in_order"}
 
+#: A live server answers a long statement late; a silent one (a partition) is found by
+#: keepalive well before this receive timeout (issue 24).
+SEND_RECEIVE_SECONDS = 60
+#: How long the native protocol's hello may take. A server answers it at once, so only a peer
+#: that is not the server the URL says waits it out (a TLS port that stays silent before a
+#: plaintext client, a proxy), and the command fails well within the contract's 60 s; the TLS
+#: handshake itself is bounded by the connect timeout.
+HANDSHAKE_SECONDS = 10
+
 
 class ServerClickHouse(ClickHouse):
     #: An insert through a Distributed table is acknowledged once every shard it touched has
@@ -54,16 +63,20 @@ class ServerClickHouse(ClickHouse):
 
     def __init__(self, address: ServerAddress, *, connect_timeout: float = 3.0) -> None:
         self.location = str(address)
+        self._address = address
         # Connects lazily on the first statement; the driver reconnects after a network error.
+        # The password is set before each statement (_driver_errors): it may come from a file.
         self._client = Client(
             host=address.host,
             port=address.port,
             user=address.user,
-            password=address.password,
+            secure=address.secure,
+            verify=address.verify,
+            ca_certs=address.ca_certs,
+            certfile=address.certfile,
+            keyfile=address.keyfile,
             connect_timeout=connect_timeout,
-            # A live server answers a long statement late; a silent one (a partition) is found
-            # by keepalive well before the receive timeout (issue 24).
-            send_receive_timeout=60,
+            send_receive_timeout=SEND_RECEIVE_SECONDS,
             tcp_keepalive=TCP_KEEPALIVE,
             sync_request_timeout=5,
             settings=CLUSTER_SETTINGS,
@@ -152,16 +165,52 @@ class ServerClickHouse(ClickHouse):
         with self._driver_errors():
             return self._client.execute(sql, external_tables=external_tables)
 
+    def _handshake(self) -> None:
+        """Connect with the hello bounded by HANDSHAKE_SECONDS, then give the socket the
+        statements' receive timeout."""
+        connection = self._client.connection
+        connection.send_receive_timeout = HANDSHAKE_SECONDS
+        try:
+            connection.connect()
+        finally:
+            connection.send_receive_timeout = SEND_RECEIVE_SECONDS
+        connection.socket.settimeout(SEND_RECEIVE_SECONDS)
+
     @contextmanager
     def _driver_errors(self) -> Iterator[None]:
+        """The driver's errors as PinErrors naming the server: retryable (ClickHouseUnavailable)
+        or not (ClickHouseError: a refused password or certificate does not heal by itself).
+
+        Also gives the connection the current password first: read from
+        PIN_CLICKHOUSE_PASSWORD_FILE at each statement (a file read is microseconds), so
+        whichever statement (re)connects uses a rotated secret."""
+        self._client.connection.password = self._address.current_password()
+        connecting = not self._client.connection.connected
         try:
+            if connecting:
+                self._handshake()
             yield
         except _UNREACHABLE as exc:
             self._client.disconnect()
+            refused = _refused_by_tls(exc, self._address)
+            if refused is not None:
+                raise ClickHouseError(f"ClickHouse at {self.location}: {refused}") from exc
+            if connecting and not self._address.secure and _cut_before_hello(exc):
+                raise ClickHouseUnavailable(
+                    f"ClickHouse at {self.location}: the server requires TLS? It cut the "
+                    f"connection before its hello ({_first_line(exc)}); use clickhouses:// (or "
+                    "secure=true) for its TLS port"
+                ) from exc
             raise ClickHouseUnavailable(
                 f"ClickHouse server at {self.location} is unreachable: {_first_line(exc)}"
             ) from exc
         except ServerException as exc:
+            if exc.code in _AUTHENTICATION_CODES:
+                raise ClickHouseError(
+                    f"ClickHouse at {self.location}: authentication failed for user "
+                    f"{self._address.user!r} ({_first_line(exc)}); check the URL's password or "
+                    "PIN_CLICKHOUSE_PASSWORD_FILE"
+                ) from exc
             error = (
                 ClickHouseUnavailable if exc.code in _TRANSIENT_SERVER_CODES else ClickHouseError
             )
@@ -170,6 +219,34 @@ class ServerClickHouse(ClickHouse):
             raise ClickHouseError(
                 f"ClickHouse server at {self.location}: {_first_line(exc)}"
             ) from exc
+
+
+#: UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED (18.16) and
+#: AUTHENTICATION_FAILED (current servers, which no longer tell a wrong user from a wrong password).
+_AUTHENTICATION_CODES = frozenset({192, 193, 194, 195, 516})
+
+
+def _refused_by_tls(exc: BaseException, address: ServerAddress) -> str | None:
+    """Why the TLS layer refused a connection, in an operator's words and with the fix; None
+    when it did not. Not retried: a certificate does not become trusted by itself."""
+    text = _first_line(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            f"certificate not trusted ({text}); ca_certs= must name the CA that signed the "
+            "server's certificate"
+        )
+    if address.secure and "WRONG_VERSION_NUMBER" in text.upper():
+        return f"the server does not speak TLS on this port ({text}); use clickhouse://"
+    return None
+
+
+def _cut_before_hello(exc: BaseException) -> bool:
+    """A connection reset or closed while connecting, before the server's hello: what a
+    plaintext client at a TLS port meets, since the server reads its cleartext hello as a
+    broken TLS handshake (18.16 resets, others close). A server that is down refuses the
+    connection instead, and a partition times out, so this is named as the likely cause; still
+    retried (ClickHouseUnavailable), since a server dying mid-handshake looks the same."""
+    return isinstance(exc, EOFError) or "Connection reset by peer" in str(exc)
 
 
 _REPLICA_FAILURE = re.compile(r"e\.displayText\(\) = [\w:]+: (.*?), e\.what\(\)")

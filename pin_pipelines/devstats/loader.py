@@ -172,13 +172,21 @@ def _load(
 ) -> LoadSummary:
     counters = _Counters(settings.pg_dsn, every=COUNTERS_EVERY_SECONDS if continuous else None)
     with (
-        open_clickhouse(settings.clickhouse_url, serve=continuous) as ch,
+        open_clickhouse(
+            settings.clickhouse_url,
+            serve=continuous,
+            password_file=settings.clickhouse_password_file,
+        ) as ch,
         ExitStack() as more_connections,
         RenewableConsumer(settings.kafka_bootstrap, options.group) as consumers,
         _collector_paused(),
     ):
         writers = [ch] + [
-            more_connections.enter_context(open_clickhouse(settings.clickhouse_url))
+            more_connections.enter_context(
+                open_clickhouse(
+                    settings.clickhouse_url, password_file=settings.clickhouse_password_file
+                )
+            )
             for _ in range(ch.inserts_in_flight - 1)
         ]
         inserts = InsertPipeline(writers, options.attempts, options.backoff_seconds)

@@ -62,7 +62,9 @@ def repair_dim(pg_dsn: str, drift: DimDrift) -> int:
 
 def reconcile(settings: Settings, repair: bool = False) -> ReconcileReport:
     aggregates = aggregates_drift(settings.pg_dsn)
-    with open_clickhouse(settings.clickhouse_url) as ch:
+    with open_clickhouse(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as ch:
         dim = dim_layout_group_drift(settings.pg_dsn, ch)
     done = None
     if repair:

@@ -54,7 +54,9 @@ dim_layout_group_fresh_schedule = check_schedule(
 )
 def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
     settings = pin.get()
-    with open_clickhouse(settings.clickhouse_url) as ch:
+    with open_clickhouse(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as ch:
         found = versions_behind(settings.pg_dsn, ch, FRESHNESS_SLA_SECONDS)
     late = found.stale_overdue
     missing_late = found.missing_overdue

@@ -115,7 +115,9 @@ def aggregates_drift(config: ReconcileConfig, pin: PinSettings) -> dg.Materializ
 )
 def dim_layout_group_drift(config: ReconcileConfig, pin: PinSettings) -> dg.MaterializeResult:
     settings = pin.get()
-    with open_clickhouse(settings.clickhouse_url) as ch:
+    with open_clickhouse(
+        settings.clickhouse_url, password_file=settings.clickhouse_password_file
+    ) as ch:
         drift = find_dim_drift(settings.pg_dsn, ch)
     repair = Repair(0, repair_dim(settings.pg_dsn, drift)) if config.repair else None
     kinds = drift.by_kind
