@@ -10,6 +10,10 @@ from typing import Any, TextIO
 
 from pin_pipelines.redact import redact_url
 
+#: Marks a record whose message `log_event` redacted already, so the formatter does not scan a
+#: drain's line per project twice.
+_REDACTED = "pin_redacted"
+
 
 def log_event(
     logger: logging.Logger, event: str, *, level: int = logging.INFO, **fields: Any
@@ -18,7 +22,8 @@ def log_event(
         return
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
     # Whatever a field holds (an error quoting a URL), no password reaches the log.
-    logger.log(level, redact_url(json.dumps(record, default=str, ensure_ascii=False)))
+    line = redact_url(json.dumps(record, default=str, ensure_ascii=False))
+    logger.log(level, line, extra={_REDACTED: True})
 
 
 def configure_cli_logging(level: int = logging.INFO) -> None:
@@ -38,7 +43,8 @@ class _RedactingFormatter(logging.Formatter):
     that quotes one must not put a secret into a log line, whoever logged it."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_url(super().format(record))
+        line = super().format(record)
+        return line if getattr(record, _REDACTED, False) else redact_url(line)
 
 
 def _log_to(stream: TextIO, level: int) -> None:
