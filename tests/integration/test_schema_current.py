@@ -79,16 +79,20 @@ def _acl(items: list[str] | None) -> frozenset[str]:
     return frozenset(items or ())
 
 
+#: The kinds whose last compared column is an ACL, compared as a set of grants.
+ACL_KINDS = frozenset({"schema", "relation", "routine", "type", "default privileges"})
+
 CATALOG_QUERIES: dict[str, str] = {
     # kind -> rows of (name, key..., shown); the first column names the object
     "schema": """
-        SELECT n.nspname, n.nspacl::text[], n.nspname
+        SELECT n.nspname, n.nspacl::text[], n.nspname || coalesce(' ' || n.nspacl::text, '')
         FROM pg_namespace n WHERE n.nspname = %(schema)s""",
     "relation": """
-        SELECT c.relname, c.relkind::text, c.relpersistence::text, c.reloptions, c.relacl::text[],
+        SELECT c.relname, c.relkind::text, c.relpersistence::text, c.reloptions,
+               c.relrowsecurity, c.relforcerowsecurity, c.relacl::text[],
                c.relkind::text || ' ' || c.relname || coalesce(' ' || c.relacl::text, '')
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')""",
+        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')""",
     "columns": """
         SELECT c.relname,
                array_agg(concat_ws(' ', quote_ident(a.attname),
@@ -106,7 +110,7 @@ CATALOG_QUERIES: dict[str, str] = {
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
         LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
         GROUP BY c.relname""",
     "constraint": """
         SELECT cl.relname || '.' || co.conname, co.contype::text, pg_get_constraintdef(co.oid),
@@ -145,6 +149,30 @@ CATALOG_QUERIES: dict[str, str] = {
                s.increment_by, s.cycle, s.cache_size,
                s.sequencename || ' ' || s.data_type || ' START ' || s.start_value
         FROM pg_sequences s WHERE s.schemaname = %(schema)s""",
+    "type": """
+        SELECT t.typname, t.typtype::text, format_type(t.typbasetype, t.typtypmod), t.typnotnull,
+               t.typdefault, (SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder)
+                              FROM pg_enum e WHERE e.enumtypid = t.oid),
+               t.typacl::text[],
+               t.typname || ' ' || t.typtype::text || coalesce(' ' || t.typacl::text, '')
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = %(schema)s AND t.typtype IN ('e', 'd', 'r', 'm')""",
+    "policy": """
+        SELECT c.relname || '.' || p.polname, p.polcmd::text, p.polpermissive,
+               p.polroles::regrole[]::text[], pg_get_expr(p.polqual, p.polrelid),
+               pg_get_expr(p.polwithcheck, p.polrelid),
+               c.relname || '.' || p.polname || ' USING ' || coalesce(pg_get_expr(p.polqual,
+                   p.polrelid), '') || ' WITH CHECK ' || coalesce(pg_get_expr(p.polwithcheck,
+                   p.polrelid), '')
+        FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s""",
+    "default privileges": """
+        SELECT pg_get_userbyid(d.defaclrole) || ' ' || d.defaclobjtype::text
+                   || coalesce(' IN SCHEMA ' || n.nspname, ''),
+               d.defaclacl::text[], d.defaclacl::text
+        FROM pg_default_acl d LEFT JOIN pg_namespace n ON n.oid = d.defaclnamespace
+        WHERE n.nspname = %(schema)s OR d.defaclnamespace = 0""",
     "database setting": """
         SELECT 'ALTER DATABASE SET', s.setconfig, array_to_string(s.setconfig, ', ')
         FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
@@ -178,10 +206,8 @@ def catalog(conn: psycopg.Connection) -> Catalog:
             name, *key, shown = row
             if kind == "routine":
                 key[9] = _normalized(key[9])
-                key[10] = _acl(key[10])
-            elif kind in ("schema", "relation"):
+            if kind in ACL_KINDS:
                 key[-1] = _acl(key[-1])
-                shown = shown if kind == "relation" else f"{name} ACL {sorted(key[-1])}"
             if kind == "columns":
                 shown = "\n".join(key[0])
             found[f"{kind} {name}"] = Definition(tuple(key), shown)
@@ -296,6 +322,27 @@ def test_drift_is_named(databases: Databases, drift: str) -> None:
     found = differences(migrated, drifted)
     assert [f.split("\n", 1)[0] for f in found] == [drift], "\n\n".join(found)
     assert "migrations:" in found[0] and "schema files:" in found[0]
+
+
+def test_grants_compare_as_sets(databases: Databases) -> None:
+    """The same grants given in another order are no drift (an ACL lists its grantees in the
+    order they were granted), so a GRANT belongs wherever it reads best in the schema files;
+    one grant more on one side is (test_drift_is_named)."""
+    grants = (
+        "GRANT SELECT ON chessboard.projects TO PUBLIC",
+        "GRANT SELECT ON chessboard.projects TO pg_read_all_data",
+        "GRANT USAGE ON SCHEMA chessboard TO PUBLIC",
+        "GRANT USAGE ON SCHEMA chessboard TO pg_read_all_data",
+    )
+    with psycopg.connect(databases.migrated) as left, psycopg.connect(databases.built) as right:
+        for grant in grants:
+            left.execute(grant.encode())
+        for grant in reversed(grants):
+            right.execute(grant.encode())
+        found = differences(catalog(left), catalog(right))
+        left.rollback()
+        right.rollback()
+    assert not found, "\n\n".join(found)
 
 
 def test_comments_and_whitespace_are_no_drift() -> None:
