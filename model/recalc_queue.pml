@@ -118,7 +118,10 @@
  *  - the statement timeout's cancel is offered only while lock_claimed_request waits, at most
  *    MAX_TIMEOUTS = 1 times: elsewhere in the work it is the inner block's "failed" (modelled
  *    as a failing statement), and the other statements (release_claim in
- *    recalc_project_step, the next claim) hold the row or skip it.
+ *    recalc_project_step, the next claim) hold the row or skip it. A cancel that lands
+ *    outside the project's block (while the handler's release_claim or record_recalc_timeout
+ *    waits, or between a COMMIT and the next block) ends the call with the error, the claim in
+ *    hand left to settle_abandoned_claims: for the row, a death at that point, modelled.
  *
  * Properties: assertions (the monitor checks them in every state; the rest at their step) and
  * the LTL formula no_trigger_lost.
@@ -130,11 +133,12 @@
  *  3. cap: due_at <= first_requested_at + CAP after every upsert (nothing else writes due_at).
  *  4. poison after exactly POISON failed attempts: attempt_count (failed runs, spec 000) ==
  *     failures - abandoned + settled (failures: attempts that ended without a verdict given
- *     back, i.e. record_failure, a drain dead after its claim, a claim settled while its drain
- *     was stalled; abandoned: dead drains' claims not settled yet; settled: stalled drains'
- *     claims settled before their drain noticed), never above POISON; so a row is poisoned
- *     (attempt_count >= POISON, no claim outstanding, no attempt running) exactly when POISON
- *     attempts failed; a claim asserts fewer than POISON failures (never claimed after).
+ *     back, i.e. record_failure, record_recalc_timeout, a drain dead after its claim, a claim
+ *     settled while its drain was stalled; abandoned: dead drains' claims not settled yet;
+ *     settled: stalled drains' claims settled before their drain noticed), never above POISON;
+ *     so a row is poisoned (attempt_count >= POISON, no claim outstanding, no attempt running)
+ *     exactly when POISON attempts failed; a claim asserts fewer than POISON failures (never
+ *     claimed after).
  *
  * Deliberately broken variants (spin must report an error for each):
  *  -DBUG_NO_RELOCK         the work transaction reads the claimed row without FOR UPDATE: a
@@ -384,9 +388,8 @@ byte probe_hit;
 #endif
 
 /* chessboard.recalc_project_step's record_failure (WHERE project_id = ..: the work transaction
- * holds the claimed row, so it is
- * this claim's; without the re-lock of the bug variant it may not be): one more failed run, no
- * attempt in progress */
+ * holds the claimed row, so it is this claim's; without the re-lock of the bug variant it may
+ * not be): one more failed run, no attempt in progress */
 #define RECORD_FAILURE \
     if \
     :: MINE -> failures++; live--; owner = 0 \
@@ -509,9 +512,9 @@ proctype writer(byte me; bool layout)
 }
 
 /* chessboard.recalc_claimed_project's lock_claimed_request(project_id, claimed_at), once the
-   row is free (or only an invisible
-   INSERT holds it): this claim's row, locked till the end; or NULL: "deferred", COMMIT, the
-   claim is not given back (it was superseded by another drain's claim, or recalculated) */
+   row is free (or only an invisible INSERT holds it): this claim's row, locked till the end;
+   or NULL: "deferred", COMMIT, the claim is not given back (it was superseded by another
+   drain's claim, or recalculated) */
 inline relocked()
 {
     if

@@ -335,10 +335,11 @@ $$;
 -- claimed row is still held, its outcome is recorded (release_claim for "deferred", one more
 -- failed run for "failed", the outcome row for the counters); then, when p_claim_next, the next
 -- ready project other than p_attempted and this one is claimed (the next_* columns; NULL when
--- none). What recalc_claimed_project raises (lock_not_available on the claimed row, a cancel)
--- rolls the whole step back, the next claim included. duration_seconds: the work, from the
--- step's start to its outcome recorded (the histogram's observation; NULL in the histogram for
--- "deferred", whose time is lock waiting).
+-- none; recalc_tick passes false and claims the next project itself, in the same block). What
+-- recalc_claimed_project raises (lock_not_available on the claimed row, a cancel) rolls the
+-- whole step back, the next claim included: recalc_tick's handlers take over.
+-- duration_seconds: the work, from the step's start to its outcome recorded (the histogram's
+-- observation; NULL in the histogram for "deferred", whose time is lock waiting).
 CREATE FUNCTION chessboard.recalc_project_step(
     p_project_id uuid, p_claimed_at timestamptz, p_previous_attempted_at timestamptz,
     p_requested_count int, p_traceparent text, p_lock_share float8, p_claim_next boolean,
