@@ -1,34 +1,49 @@
 /*
- * The recalc queue protocol of spec 000, model-checked (issue 24).
+ * The recalc queue protocol of spec 000, model-checked.
  *
  * NW writers (API edits: a statement on property_objects or layouts whose trigger enqueues the
  * project) and ND drains (pin_pipelines/recalc/drain.py, one project at a time) share ONE
  * project, i.e. one row of chessboard.project_recalc_requests; a clock process gives time.
- * Each Promela step is one SQL statement, or a statement and its COMMIT, of
- * sql/postgres/migrations/0001 (request_project_recalc), 0006 (claims) and
- * sql/postgres/queries/recalc.sql, named in the comment at the step; the steps of the work
- * transaction from lock_claimed_request to delete_request are the statements of ONE function,
- * recalc_claimed_project (migration 0013: its inner block is the SAVEPOINT), each labelled
- * there with the step's name; the drain records the outcome it returns before the COMMIT:
+ * Each Promela step is one SQL statement, or a statement and its COMMIT, of the objects defined
+ * in sql/postgres/schema/ (queue.sql, recalc.sql) and the named queries of
+ * sql/postgres/queries/recalc.sql; the comment at each step names the object it stands for
+ * (tests/model/test_model_names.py checks that every chessboard.<name> here is defined there).
+ * A drain tick is queries/recalc.sql:settle_abandoned_claims, then ONE call of
+ * chessboard.recalc_tick, which runs each project in a transaction of its own (a COMMIT per
+ * project) and each project's work in a block of its own (a subtransaction): the work is
+ * chessboard.recalc_project_step, whose chessboard.recalc_claimed_project is the steps from
+ * lock_claimed_request to delete_request (its inner block is the SAVEPOINT, each step labelled
+ * there with its name), and which records the outcome before the COMMIT:
  *
  *   writer   BEGIN (now() = t)
  *            UPDATE layouts | property_objects, then its AFTER STATEMENT trigger
- *            request_project_recalc: INSERT ... ON CONFLICT DO UPDATE (waits for a held row)
+ *              (chessboard.hierarchy_raise | chessboard.property_objects_raise)
+ *            chessboard.request_project_recalc: INSERT ... ON CONFLICT DO UPDATE (waits for a
+ *              held row)
  *            COMMIT
- *   drain    settle_abandoned_claims (a tick's first statement, autocommit: a claim unlocked
- *              past retry_interval is a dead drain's: attempt_count + 1, claimed_at NULL)
- *            claim_due_request (autocommit, its own transaction, or the previous project's:
- *              claimed_at, attempted_at)
+ *   drain    queries/recalc.sql:settle_abandoned_claims (a tick's first statement, autocommit:
+ *              a claim unlocked past retry_interval is a dead drain's: attempt_count + 1,
+ *              claimed_at NULL)
+ *            chessboard.recalc_tick: chessboard.claim_due_request; COMMIT (the tick's first
+ *              claim alone; each next one commits with the previous project's work)
+ *            the block: chessboard.recalc_project_step -> chessboard.recalc_claimed_project:
  *            lock_claimed_request FOR UPDATE (waits, under lock_timeout)
  *              NULL -> "deferred", COMMIT (the claim was settled as abandoned)
- *              lock_timeout -> ROLLBACK, then release_claim in autocommit (_give_back)
+ *              lock_timeout -> the block rolls back; recalc_tick's handler:
+ *                chessboard.release_claim, COMMIT ("deferred"), and the tick goes on
+ *              the statement timeout's cancel -> the block rolls back;
+ *                chessboard.record_recalc_timeout (attempt_count + 1, claimed_at NULL), COMMIT
+ *                ("failed"), and the drain's tick goes on with its next call
  *            SAVEPOINT; lock_project FOR NO KEY UPDATE (waits, under lock_timeout)
- *              LockNotAvailable -> ROLLBACK TO SAVEPOINT; release_claim; COMMIT ("deferred")
- *            recalc_buildings, recalc_layouts, recalc_layout_groups, recalc_project (the read)
+ *              LockNotAvailable -> ROLLBACK TO SAVEPOINT; chessboard.release_claim; COMMIT
+ *              ("deferred")
+ *            the recompute (one statement: buildings, layouts, layout groups, project: the read)
  *            delete_request; COMMIT                                       ("recalculated")
- *            or a failing statement: ROLLBACK TO SAVEPOINT; record_failure (attempt_count + 1,
- *              claimed_at NULL); COMMIT                                          ("failed")
- *            or a stop: ROLLBACK; release_claim in autocommit             ("interrupted")
+ *            or a failing statement (a stuck one's statement timeout included: the inner
+ *              block catches it): ROLLBACK TO SAVEPOINT; recalc_project_step's record_failure
+ *              (attempt_count + 1, claimed_at NULL); COMMIT                       ("failed")
+ *            or a stop's cancel: the block rolls back; chessboard.release_claim; COMMIT; the
+ *              call ends                                                   ("interrupted")
  *            or death anywhere after the claim: ROLLBACK by the server, the claim stays
  *              (claimed_at) until a tick's settle_abandoned_claims counts it
  *
@@ -82,24 +97,31 @@
  *    lock_project needs), writer 2 a property object (no row a drain locks); a longer
  *    transaction is the interleavings in which the writer holds its locks before its COMMIT;
  *  - requested_count, last_reason, tenant_id, last_error, updated_at and the counters
- *    (record_outcome, record_tick, count_poisoned) are left out: no protocol step reads them;
+ *    (chessboard.record_recalc_outcome, chessboard.fold_recalc_outcomes, the tick's
+ *    queries/recalc.sql:count_poisoned) are left out: no protocol step reads them;
  *  - archived or deleted projects (delete_request without a recalc), the runbook's
  *    force_request and requeue_request, writers that roll back, and server crashes (so the
  *    claim's synchronous_commit = off) are not modelled;
- *  - the claim's transaction is one atomic step (a drain dying inside it leaves nothing). Since
- *    migration 0014 a tick's later claims commit with the previous project's work
- *    (recalc_project_step claims the next project last, with SKIP LOCKED, before its COMMIT);
- *    with one project the next claim is never this row (it excludes the project it follows),
- *    so for this row it is still a claim committed before its work, as modelled. A drain that
- *    dies while its autocommit work statement runs either has it rolled back (the server sees
- *    the client gone: client_connection_check_interval) or committed as if it died right after
- *    the COMMIT, both modelled;
+ *  - the claim's transaction is one atomic step (a drain dying inside it leaves nothing). A
+ *    tick's later claims commit with the previous project's work (chessboard.recalc_tick
+ *    claims the next project last in the project's block, with SKIP LOCKED, before its
+ *    COMMIT); with one project the next claim is never this row (it excludes the projects the
+ *    tick tried), so for this row it is still a claim committed before its work, as modelled,
+ *    and the tick's going on after a project ends it. A drain that dies while its call runs
+ *    either has the project in hand rolled back (the server sees the client gone:
+ *    client_connection_check_interval) or committed as if it died right after the COMMIT, both
+ *    modelled;
  *    the recalc's failure points are one choice after the read (a rollback to the savepoint
  *    undoes the same whichever statement failed); a death or a stop is offered at the points
  *    where what it undoes differs (between the claim and the work, in the work, before
  *    release_claim);
- *  - a lock_timeout on lock_claimed_request makes _process_next give the claim back and then
- *    re-raise, so the tick (and the Dagster run) fails; the model goes on with the next tick.
+ *  - the statement timeout's cancel is offered only while lock_claimed_request waits, at most
+ *    MAX_TIMEOUTS = 1 times: elsewhere in the work it is the inner block's "failed" (modelled
+ *    as a failing statement), and the other statements (release_claim in
+ *    recalc_project_step, the next claim) hold the row or skip it. A cancel that lands
+ *    outside the project's block (while the handler's release_claim or record_recalc_timeout
+ *    waits, or between a COMMIT and the next block) ends the call with the error, the claim in
+ *    hand left to settle_abandoned_claims: for the row, a death at that point, modelled.
  *
  * Properties: assertions (the monitor checks them in every state; the rest at their step) and
  * the LTL formula no_trigger_lost.
@@ -111,11 +133,12 @@
  *  3. cap: due_at <= first_requested_at + CAP after every upsert (nothing else writes due_at).
  *  4. poison after exactly POISON failed attempts: attempt_count (failed runs, spec 000) ==
  *     failures - abandoned + settled (failures: attempts that ended without a verdict given
- *     back, i.e. record_failure, a drain dead after its claim, a claim settled while its drain
- *     was stalled; abandoned: dead drains' claims not settled yet; settled: stalled drains'
- *     claims settled before their drain noticed), never above POISON; so a row is poisoned
- *     (attempt_count >= POISON, no claim outstanding, no attempt running) exactly when POISON
- *     attempts failed; a claim asserts fewer than POISON failures (never claimed after).
+ *     back, i.e. record_failure, record_recalc_timeout, a drain dead after its claim, a claim
+ *     settled while its drain was stalled; abandoned: dead drains' claims not settled yet;
+ *     settled: stalled drains' claims settled before their drain noticed), never above POISON;
+ *     so a row is poisoned (attempt_count >= POISON, no claim outstanding, no attempt running)
+ *     exactly when POISON attempts failed; a claim asserts fewer than POISON failures (never
+ *     claimed after).
  *
  * Deliberately broken variants (spin must report an error for each):
  *  -DBUG_NO_RELOCK         the work transaction reads the claimed row without FOR UPDATE: a
@@ -139,12 +162,13 @@
  * Reachability probes (-DREACH_<name>: spin must report the probe's assertion, so the checks
  * above are not vacuous): POISON, INSERT_AFTER_WAIT (a request that waited for a recalc
  * inserts a new row), DEFER, SUPERSEDED, RELOCK_TIMEOUT (lock_claimed_request times out on a
- * row a writer upserted after the claim: _process_next gives the claim back and re-raises, so
- * the tick and its Dagster run fail), DEATH, STOP, FAILURE, and
+ * row a writer upserted after the claim: chessboard.recalc_tick's handler gives the claim back
+ * and the tick goes on), TIMEOUT (the statement timeout's cancel in that wait:
+ * chessboard.record_recalc_timeout counts the failed run), DEATH, STOP, FAILURE, and
  * POISON_VIEW_EARLY: chessboard.poisoned_recalc_requests() lists a row counted poison while the
  * drain of its fifth attempt still runs: only once that drain stalled past retry_interval
  * between its claim and its lock, so that another drain settled the claim (the stalled drain
- * then defers); attempt_count no longer counts an attempt before it has failed (issue 26).
+ * then defers); attempt_count counts no attempt before it has failed.
  *
  * Run (tests/model/test_recalc_queue_model.py runs these, and the variants, in a tmp dir):
  *   spin -a model/recalc_queue.pml
@@ -184,6 +208,9 @@
 #ifndef MAX_STOPS
 #define MAX_STOPS 1
 #endif
+#ifndef MAX_TIMEOUTS
+#define MAX_TIMEOUTS 1  /* statement timeouts while lock_claimed_request waits */
+#endif
 #ifndef MAX_STALLS
 #define MAX_STALLS 1    /* clock ticks while a claim of the row is running */
 #endif
@@ -219,6 +246,7 @@ byte inc;               /* row incarnation (inserts so far) */
 byte in_work;           /* drains inside a work transaction holding the claimed row */
 byte deaths;
 byte stops;
+byte timeouts;
 byte stalls;            /* ticks while a claim of the row was running */
 byte wdone;             /* writers finished */
 byte probe_hit;
@@ -230,6 +258,7 @@ byte probe_hit;
 #define R_DEATH 16
 #define R_STOP 32
 #define R_FAILURE 64
+#define R_TIMEOUT 128
 
 #define POISONED (row && attempts >= POISON)
 /* no claim outstanding, none running: every attempt of the row has its verdict */
@@ -240,7 +269,7 @@ byte probe_hit;
 #if defined(REACH_POISON)
 #define PROBE (POISONED && QUIET)
 #elif defined(REACH_POISON_VIEW_EARLY)
-/* chessboard.poisoned_recalc_requests() (migration 0012: attempt_count >= poison_attempts)
+/* chessboard.poisoned_recalc_requests() (attempt_count >= poison_attempts)
    lists the row while the drain of its last attempt still runs, its failure not yet known */
 #define PROBE (row && !row_new && attempts >= POISON && failures < POISON)
 #elif defined(REACH_INSERT_AFTER_WAIT)
@@ -257,6 +286,8 @@ byte probe_hit;
 #define PROBE_BIT R_STOP
 #elif defined(REACH_FAILURE)
 #define PROBE_BIT R_FAILURE
+#elif defined(REACH_TIMEOUT)
+#define PROBE_BIT R_TIMEOUT
 #endif
 #ifdef PROBE_BIT
 #define PROBE (probe_hit != 0)
@@ -269,7 +300,7 @@ byte probe_hit;
 #endif
 
 /* the end of an attempt: the drain forgets its claim (in the step that ends it) */
-#define FORGET stamp = NONE; prev = NONE; myinc = 0; seen = 0; ok = false
+#define FORGET stamp = NONE; prev = NONE; myinc = 0; seen = 0; ok = false; timed_out = false
 
 /* claim_due_request's ready CTE on the committed row */
 #ifdef BUG_LEASE_NO_EXPIRY
@@ -334,9 +365,9 @@ byte probe_hit;
     :: else -> END_SUPERSEDED \
     fi
 
-/* release_claim(project_id, claimed_at, previous_attempted_at): gives back this claim (no
- * attempt in progress, the retry clock as before), or nothing when the claim is no longer the
- * row's; the bug variant's SQL does not check the stamp */
+/* chessboard.release_claim(project_id, claimed_at, previous_attempted_at): gives back this
+ * claim (no attempt in progress, the retry clock as before), or nothing when the claim is no
+ * longer the row's; the bug variant's SQL does not check the stamp */
 #ifdef BUG_RELEASE_UNGUARDED
 #define RELEASE \
     if \
@@ -356,9 +387,9 @@ byte probe_hit;
     fi
 #endif
 
-/* record_failure (WHERE project_id = ..: the work transaction holds the claimed row, so it is
- * this claim's; without the re-lock of the bug variant it may not be): one more failed run, no
- * attempt in progress */
+/* chessboard.recalc_project_step's record_failure (WHERE project_id = ..: the work transaction
+ * holds the claimed row, so it is this claim's; without the re-lock of the bug variant it may
+ * not be): one more failed run, no attempt in progress */
 #define RECORD_FAILURE \
     if \
     :: MINE -> failures++; live--; owner = 0 \
@@ -369,7 +400,27 @@ byte probe_hit;
     :: else -> skip \
     fi
 
-/* settle_abandoned_claims: the claim counted as a failed run, its row free again */
+/* chessboard.record_recalc_timeout (WHERE project_id = .. AND claimed_at = ..: after the
+ * block's rollback this transaction holds no row lock, so the claim may have been settled
+ * meanwhile): one more failed run, no attempt in progress, the retry clock from the claim */
+#define RECORD_TIMEOUT \
+    if \
+    :: row && !row_new && claimed_at == stamp -> \
+       attempts++; claimed_at = NONE; failures++; live--; owner = 0 \
+    :: else -> END_SUPERSEDED \
+    fi
+
+/* what recalc_tick's handler runs after the block's rollback: record_recalc_timeout matches
+ * on claimed_at as the correct release_claim does */
+#define GIVE_BACK_NO_WAIT (timed_out -> (qlock == 0 || SEES_NO_MATCH) : RELEASE_NO_WAIT)
+#define GIVE_BACK \
+    if \
+    :: timed_out -> RECORD_TIMEOUT \
+    :: else -> RELEASE \
+    fi
+
+/* queries/recalc.sql:settle_abandoned_claims: the claim counted as a failed run, its row free
+ * again */
 #define SETTLE \
     attempts++; claimed_at = NONE; \
     if \
@@ -378,7 +429,8 @@ byte probe_hit;
     fi; \
     printf("drain %d: settle_abandoned_claims: attempt_count %d\n", me, attempts)
 
-/* request_project_recalc's INSERT ... ON CONFLICT DO UPDATE, with the row lock in hand */
+/* chessboard.request_project_recalc's INSERT ... ON CONFLICT DO UPDATE, with the row lock in
+ * hand */
 inline upsert()
 {
     qlock = me;
@@ -428,8 +480,10 @@ proctype writer(byte me; bool layout)
            :: layout -> hlock = me; printf("writer %d: UPDATE chessboard.layouts\n", me)
            :: else -> printf("writer %d: UPDATE chessboard.property_objects\n", me)
            fi;
-           /* the statement's AFTER trigger: chessboard.request_project_recalc (migration
-              0001); it waits, queued, for a row lock another transaction holds */
+           /* the statement's AFTER trigger (chessboard.hierarchy_raise or
+              chessboard.property_objects_raise, through chessboard.enqueue_touched_projects):
+              chessboard.request_project_recalc; it waits, queued, for a row lock another
+              transaction holds */
            if
            :: qlock == 0 -> upsert(); waited = false
            :: else ->
@@ -457,9 +511,10 @@ proctype writer(byte me; bool layout)
     wdone++
 }
 
-/* lock_claimed_request(project_id, attempted_at), once the row is free (or only an invisible
-   INSERT holds it): this claim's row, locked till the end; or NULL: "deferred", COMMIT, the
-   claim is not given back (it was superseded by another drain's claim, or recalculated) */
+/* chessboard.recalc_claimed_project's lock_claimed_request(project_id, claimed_at), once the
+   row is free (or only an invisible INSERT holds it): this claim's row, locked till the end;
+   or NULL: "deferred", COMMIT, the claim is not given back (it was superseded by another
+   drain's claim, or recalculated) */
 inline relocked()
 {
     if
@@ -482,7 +537,7 @@ inline relocked()
     fi
 }
 
-/* the claim: stamped (claimed_at, attempted_at), nothing counted */
+/* chessboard.claim_due_request: stamped (claimed_at, attempted_at), nothing counted */
 inline claim()
 {
     assert(attempts < POISON && failures < POISON);  /* 4: never claimed after poison */
@@ -499,9 +554,10 @@ proctype drain(byte me)
     byte myinc;
     byte seen;
     bool ok;
+    bool timed_out;     /* the wait for the claimed row ended by the statement timeout */
 
 end_tick:
-    /* _process_next */
+    /* a tick: queries/recalc.sql:settle_abandoned_claims, then CALL chessboard.recalc_tick */
 #ifdef BUG_CLAIM_NO_LOCK
     /* the ready CTE as a plain read; then the UPDATE ... FROM ready waits for the row lock and
        re-checks only r.project_id = ready.project_id */
@@ -535,14 +591,14 @@ end_tick:
     :: true -> skip
     fi;
 #else
-    /* claim_due_request in its own transaction (relax_commit_durability; the UPDATE of the
-       row its CTE locked FOR UPDATE SKIP LOCKED, which passes over a row locked or waited
-       for; COMMIT) */
+    /* chessboard.recalc_tick's first claim, chessboard.claim_due_request, in its own
+       transaction (synchronous_commit off; the UPDATE of the row its CTE locked FOR UPDATE SKIP
+       LOCKED, which passes over a row locked or waited for; COMMIT) */
     atomic {
         if
         :: ABANDONED ->
-           /* the tick's settle_abandoned_claims (each tick runs it first; it changes the row
-              only when a claim is abandoned, so here it is a step of its own) */
+           /* queries/recalc.sql:settle_abandoned_claims (each tick runs it first; it changes
+              the row only when a claim is abandoned, so here it is a step of its own) */
            SETTLE; goto end_tick
         :: READY && qlock == 0 && qwaiters == 0 -> claim()
         :: READY && qlock == 0 && qwaiters == 0 && deaths < MAX_DEATHS ->
@@ -554,8 +610,8 @@ end_tick:
     };
 #endif
 
-    /* the work transaction (_attempt: recalc_project_step, one autocommit statement):
-       lock_claimed_request ... FOR UPDATE */
+    /* the project's block in chessboard.recalc_tick: chessboard.recalc_project_step, whose
+       chessboard.recalc_claimed_project begins with lock_claimed_request ... FOR UPDATE */
 #ifdef BUG_NO_RELOCK
     atomic { relocked() };
 #else
@@ -572,40 +628,50 @@ end_tick:
     :: atomic { !ok && (qlock == 0 || SEES_NO_MATCH) -> qwaiters--; relocked() }
     :: atomic {
            !ok ->
-           /* lock_timeout, or a stop's cancel, while another transaction holds the row: the
-              exception leaves _attempt (ROLLBACK) and _process_next gives the claim back */
+           /* lock_timeout (lock_not_available), or a stop's cancel, while another transaction
+              holds the row: the block rolls back and chessboard.recalc_tick's handler gives
+              the claim back ("deferred": the tick goes on; "interrupted": the call ends) */
            qwaiters--;
            if
            :: qlock != 0 && qlock <= NW -> MARK(R_RELOCK_TIMEOUT)    /* a writer holds it */
            :: else -> skip
            fi;
-           printf("drain %d: lock_claimed_request: lock_timeout, ROLLBACK\n", me)
+           printf("drain %d: lock_claimed_request: lock_timeout, the block rolls back\n", me)
+       };
+       goto give_back
+    :: atomic {
+           !ok && timeouts < MAX_TIMEOUTS ->
+           /* the statement timeout's cancel (the call has run past it): the block rolls back
+              and chessboard.recalc_tick's handler counts the failed run */
+           qwaiters--; timeouts++; timed_out = true; MARK(R_TIMEOUT);
+           printf("drain %d: lock_claimed_request: statement timeout, the block rolls back\n",
+                  me)
        };
        goto give_back
     fi;
 #endif
 
-    /* SAVEPOINT; lock_project: project, buildings, layouts, layout groups FOR NO KEY UPDATE;
-       then recalc_buildings, recalc_layouts, recalc_layout_groups, recalc_project, each on its
-       Read Committed snapshot (no writer can commit in between: it needs the queue row) */
+    /* chessboard.recalc_claimed_project's inner block (the SAVEPOINT): lock_project (project,
+       buildings, layouts, layout groups FOR NO KEY UPDATE), then the recompute, one statement
+       on one Read Committed snapshot (no writer can commit meanwhile: it needs the queue row) */
     if
 #ifdef BUG_NO_RELOCK
     :: atomic { hlock == 0 -> hlock = me };
-       atomic { seen = committed; printf("drain %d: recalc_* read %d writes\n", me, seen) }
+       atomic { seen = committed; printf("drain %d: the recompute reads %d writes\n", me, seen) }
 #else
     :: atomic {
            hlock == 0 -> hlock = me; seen = committed;
-           printf("drain %d: lock_project; recalc_* read %d writes\n", me, seen)
+           printf("drain %d: lock_project; the recompute reads %d writes\n", me, seen)
        }
 #endif
     :: atomic {
            hlock != 0 && MAY_WRITE_ROW ->
-           /* LockNotAvailable: ROLLBACK TO SAVEPOINT; release_claim (the row still locked by
-              this transaction); COMMIT: "deferred", no attempt counted */
+           /* LockNotAvailable: ROLLBACK TO SAVEPOINT; chessboard.recalc_project_step's
+              chessboard.release_claim (the row still locked by this transaction); COMMIT:
+              "deferred", no attempt counted */
            MARK(R_DEFER);
            RELEASE; in_work--; UNLOCK_Q;
-           printf("drain %d: lock_project: LockNotAvailable; release_claim; COMMIT (deferred)\n",
-                  me);
+           printf("drain %d: lock_project: LockNotAvailable; release_claim; COMMIT\n", me);
            FORGET; goto end_tick
        }
     fi;
@@ -613,7 +679,7 @@ end_tick:
     if
     :: atomic {
            MAY_WRITE_ROW ->
-           /* delete_request (unconditional); record_outcome; COMMIT */
+           /* delete_request (unconditional); chessboard.record_recalc_outcome; COMMIT */
            assert(seen == committed);        /* 1: nothing committed during the recalc */
            if
            :: row && !row_new ->
@@ -631,8 +697,9 @@ end_tick:
        }
     :: atomic {
            MAY_WRITE_ROW ->
-           /* a statement fails: ROLLBACK TO SAVEPOINT (releases the hierarchy rows);
-              record_failure (the queue row still locked); record_outcome; COMMIT */
+           /* a statement fails (or a stuck one's statement timeout): ROLLBACK TO SAVEPOINT
+              (releases the hierarchy rows); record_failure (the queue row still locked);
+              chessboard.record_recalc_outcome; COMMIT */
            MARK(R_FAILURE);
            RECORD_FAILURE; hlock = 0; in_work--; UNLOCK_Q;
            printf("drain %d: a recalc fails: ROLLBACK TO SAVEPOINT; record_failure; COMMIT\n",
@@ -649,32 +716,35 @@ end_tick:
        }
     :: atomic {
            stops < MAX_STOPS ->
-           /* a stop: QueryCanceled after the grace, the work transaction rolls back */
+           /* a stop: the drain cancels the call after the grace; recalc_claimed_project
+              raises it on, the block rolls back */
            stops++; MARK(R_STOP); hlock = 0; UNLOCK_Q; in_work--;
-           printf("drain %d: stopped: QueryCanceled, ROLLBACK\n", me)
+           printf("drain %d: stopped: QueryCanceled, the block rolls back\n", me)
        };
        goto give_back
     fi;
 
 give_back:
-    /* _give_back: release_claim in autocommit (it waits for the row lock, queued) */
+    /* chessboard.recalc_tick's handler, after the block's rollback: chessboard.release_claim,
+       or chessboard.record_recalc_timeout after the statement timeout (each waits for the row
+       lock, queued), then the tick's COMMIT */
     if
     :: atomic {
            deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); DIE;
-           printf("drain %d dies before release_claim\n", me);
+           printf("drain %d dies before its claim is given back\n", me);
            FORGET
        }
     :: atomic {
-           RELEASE_NO_WAIT -> RELEASE;
-           printf("drain %d: release_claim: claimed_at %d, attempted_at %d\n",
-                  me, claimed_at, attempted_at);
+           GIVE_BACK_NO_WAIT -> GIVE_BACK;
+           printf("drain %d: release_claim | record_recalc_timeout: claimed_at %d\n",
+                  me, claimed_at);
            FORGET
        }
-    :: atomic { !RELEASE_NO_WAIT -> qwaiters++ };
+    :: atomic { !GIVE_BACK_NO_WAIT -> qwaiters++ };
        atomic {
-           RELEASE_NO_WAIT -> qwaiters--; RELEASE;
-           printf("drain %d: release_claim: claimed_at %d, attempted_at %d\n",
-                  me, claimed_at, attempted_at);
+           GIVE_BACK_NO_WAIT -> qwaiters--; GIVE_BACK;
+           printf("drain %d: release_claim | record_recalc_timeout: claimed_at %d\n",
+                  me, claimed_at);
            FORGET
        }
     fi;

@@ -12,6 +12,10 @@ from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
 
 PG_MIGRATIONS = SQL_DIR / "postgres" / "migrations"
+PG_SCHEMA = SQL_DIR / "postgres" / "schema"
+#: The current definitions, in the order they are applied: each file's objects reference only
+#: its own and those of the files before it (sql/postgres/schema/README.md).
+PG_SCHEMA_FILES = ("catalogue.sql", "queue.sql", "outbox.sql", "metrics.sql", "recalc.sql")
 
 
 def migrate_postgres(dsn: str) -> list[str]:
@@ -24,6 +28,16 @@ def migrate_postgres(dsn: str) -> list[str]:
         pending = backend.to_apply(migrations)
         backend.apply_migrations(pending)
     return [m.id for m in pending]
+
+
+def apply_schema_files(dsn: str) -> None:
+    """Build the schema from its current definitions (sql/postgres/schema/) on an empty database,
+    in one transaction. Not a way to deploy (a database is only ever migrated, and yoyo's
+    history would be missing): tests/integration/test_schema_current.py compares the result with
+    a migrated database, so the files read as what runs now cannot drift from the migrations."""
+    with connect(dsn) as conn, conn.transaction():
+        for name in PG_SCHEMA_FILES:
+            conn.execute((PG_SCHEMA / name).read_bytes())
 
 
 def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dict[str, object]:

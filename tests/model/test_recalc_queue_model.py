@@ -1,4 +1,4 @@
-"""The recalc queue protocol, model-checked (issue 24): model/recalc_queue.pml with Spin.
+"""The recalc queue protocol, model-checked: model/recalc_queue.pml with Spin.
 
 Exhaustive searches of the model (N = 2 writers, M = 2 drains, one project; see the model's
 header for the abstraction and the SQL each step stands for):
@@ -139,6 +139,7 @@ PROBES = (
     "DEATH",
     "STOP",
     "FAILURE",
+    "TIMEOUT",
 )
 
 
