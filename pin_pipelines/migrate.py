@@ -5,25 +5,57 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 from yoyo import get_backend, read_migrations
 
 from pin_pipelines.config import SQL_DIR, Settings
 from pin_pipelines.db import connect
-from pin_pipelines.errors import PinError
+from pin_pipelines.errors import PinError, first_line
+from pin_pipelines.redact import redact_url
 
 PG_MIGRATIONS = SQL_DIR / "postgres" / "migrations"
+#: The group roles' privileges (migration 0019's roles), applied after every migrate.
+PG_GRANTS = SQL_DIR / "postgres" / "grants.sql"
+#: pin_worker's privileges on Dagster's storage, applied after its tables are made.
+DAGSTER_GRANTS = SQL_DIR / "postgres" / "dagster_grants.sql"
 
 
 def migrate_postgres(dsn: str) -> list[str]:
-    """Apply pending migrations under yoyo's lock (two concurrent `migrate`s do not race)."""
-    connect(dsn).close()  # a clear error when the server is not there, before yoyo's own
+    """Apply pending migrations, then grants.sql, under yoyo's lock (two concurrent `migrate`s do
+    not race). A role that may not change the schema (a worker's) is told, in one line, to run
+    it as the schema's owner."""
+    with connect(dsn) as conn:  # a clear error when the server is not there, before yoyo's own
+        user = conn.info.user
     parts = urlsplit(dsn)
     backend = get_backend(urlunsplit(parts._replace(scheme="postgresql+psycopg")))
     migrations = read_migrations(str(PG_MIGRATIONS))
-    with backend.lock():
-        pending = backend.to_apply(migrations)
-        backend.apply_migrations(pending)
+    try:
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+            with connect(dsn) as conn:
+                conn.execute(PG_GRANTS.read_text())
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.RaiseException) as exc:
+        raise PinError(
+            f"PostgreSQL at {redact_url(dsn)}: {user} may not migrate the schema "
+            f"({first_line(exc)}); run `pin db migrate` as the schema's owner (with CREATEROLE "
+            'for the group roles, README "Connecting to production services")'
+        ) from exc
     return [m.id for m in pending]
+
+
+def migrate_dagster_storage(storage_url: str) -> None:
+    """Dagster's tables, made by the owner running `pin db migrate` (dagster-postgres makes them
+    at first use, which a pin_worker login may not: it has no CREATE), then granted to
+    pin_worker. Made here by dagster-postgres itself, so they are exactly what Dagster would
+    make; tables that exist are left as they are."""
+    from dagster_postgres import DagsterPostgresStorage
+
+    dsn = storage_url.replace("postgresql+psycopg2:", "postgresql:", 1)
+    connect(dsn).close()  # a missing database or server in one line, before SQLAlchemy's
+    DagsterPostgresStorage(storage_url).event_log_storage.dispose()
+    with connect(dsn) as conn:
+        conn.execute(DAGSTER_GRANTS.read_text())
 
 
 def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dict[str, object]:
@@ -35,6 +67,7 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     from pin_pipelines.kafka import TopicPolicy, check_topics, ensure_topics
 
     applied = migrate_postgres(settings.pg_dsn)
+    migrate_dagster_storage(settings.dagster_pg_url)
     with open_clickhouse(settings.clickhouse_url) as ch:
         clickhouse_applied = migrate_clickhouse(ch, settings.clickhouse_cluster)
     policy = TopicPolicy.from_settings(settings)
