@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from yoyo import get_backend, read_migrations
 
-from pin_pipelines.config import SQL_DIR, Settings
+from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.redact import redact_url
@@ -51,7 +51,7 @@ def migrate_dagster_storage(storage_url: str) -> None:
     make; tables that exist are left as they are."""
     from dagster_postgres import DagsterPostgresStorage
 
-    dsn = storage_url.replace("postgresql+psycopg2:", "postgresql:", 1)
+    dsn = dagster_pg_dsn(storage_url)
     connect(dsn).close()  # a missing database or server in one line, before SQLAlchemy's
     DagsterPostgresStorage(storage_url).event_log_storage.dispose()
     with connect(dsn) as conn:
