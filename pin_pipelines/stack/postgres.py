@@ -119,16 +119,16 @@ class LocalPostgres:
             return f"postgresql://{SUPERUSER}@/postgres?{query}"
         return dsn_with_dbname(self.settings.pg_dsn, "postgres")
 
-    @property
-    def client_dsn(self) -> str:
-        """The PIN_PG_DSN to export for the secured cluster: its owner over verified TLS, the
-        password read from the passfile at each connect."""
+    def client_dsn(self, user: str | None = None) -> str:
+        """The PIN_PG_DSN to export for the secured cluster: its owner (or the login role
+        `user`, whose password `password` put in the passfile) over verified TLS, the password
+        read from the passfile at each connect."""
         query = urlencode(
-            {"sslmode": "verify-full", "sslrootcert": str(self.ca.cert), "passfile": self.passfile},
+            {"sslmode": "verify-full", "sslrootcert": self.ca.cert, "passfile": self.passfile},
             safe="/",
         )
         t = self.target
-        return f"postgresql://{t.user}@127.0.0.1:{t.port}/{t.dbname}?{query}"
+        return f"postgresql://{user or t.user}@127.0.0.1:{t.port}/{t.dbname}?{query}"
 
     def password(self, role: str) -> str:
         """`role`'s password, made on first use (file `<secrets>/<role>.password`, 0600) and
