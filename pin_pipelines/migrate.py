@@ -48,14 +48,22 @@ def migrate_dagster_storage(storage_url: str) -> None:
     """Dagster's tables, made by the owner running `pin db migrate` (dagster-postgres makes them
     at first use, which a pin_worker login may not: it has no CREATE), then granted to
     pin_worker. Made here by dagster-postgres itself, so they are exactly what Dagster would
-    make; tables that exist are left as they are."""
+    make; tables that exist are left as they are. A role that may not make or grant them
+    is told, in one line, to run it as the owner of Dagster's database."""
     from dagster_postgres import DagsterPostgresStorage
+    from sqlalchemy.exc import DBAPIError
 
     dsn = dagster_pg_dsn(storage_url)
     connect(dsn).close()  # a missing database or server in one line, before SQLAlchemy's
-    DagsterPostgresStorage(storage_url).event_log_storage.dispose()
-    with connect(dsn) as conn:
-        conn.execute(DAGSTER_GRANTS.read_text())
+    try:
+        DagsterPostgresStorage(storage_url).event_log_storage.dispose()
+        with connect(dsn) as conn:
+            conn.execute(DAGSTER_GRANTS.read_text())
+    except (DBAPIError, psycopg.Error) as exc:
+        raise PinError(
+            f"PostgreSQL at {redact_url(dsn)}: Dagster's storage was not made and granted "
+            f"({redact_url(first_line(exc))}); run `pin db migrate` as the owner of that database"
+        ) from exc
 
 
 def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dict[str, object]:

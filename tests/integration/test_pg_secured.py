@@ -3,8 +3,8 @@ TLS only (a certificate of the local CA, `verify-full`), SCRAM passwords from a 
 owner role that is no superuser (CREATEDB, CREATEROLE), as a managed PostgreSQL hands it out.
 
 `pin db migrate` runs as that owner; every other command, a Dagster run and `pin serve` run as a
-login role holding only `pin_worker`, and `pin metrics serve` as one holding only `pin_reader`
-(the least-privilege flow of tests/integration/test_pg_roles.py, run here on the secured server).
+login role holding only `pin_worker`, and `pin metrics serve` as one holding only `pin_reader`:
+the least-privilege flow, run on the secured server itself (one server for both, to save time).
 Then the failures an operator meets there, each in one line within 60 s, no password shown.
 """
 
