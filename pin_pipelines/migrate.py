@@ -3,9 +3,10 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
 from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn
@@ -20,14 +21,20 @@ PG_GRANTS = SQL_DIR / "postgres" / "grants.sql"
 DAGSTER_GRANTS = SQL_DIR / "postgres" / "dagster_grants.sql"
 
 
+def yoyo_url(dsn: str) -> str:
+    """yoyo's URL for `dsn` with every libpq parameter as a query parameter, which yoyo hands to
+    psycopg as they are: its own URL parser reads one host and port, not a list (`a:5432,b:5433`
+    failed on the port), and would drop nothing else but that."""
+    return "postgresql+psycopg:///?" + urlencode(conninfo_to_dict(dsn))
+
+
 def migrate_postgres(dsn: str) -> list[str]:
     """Apply pending migrations, then grants.sql, under yoyo's lock (two concurrent `migrate`s do
     not race). A role that may not change the schema (a worker's) is told, in one line, to run
     it as the schema's owner."""
     with connect(dsn) as conn:  # a clear error when the server is not there, before yoyo's own
         user = conn.info.user
-    parts = urlsplit(dsn)
-    backend = get_backend(urlunsplit(parts._replace(scheme="postgresql+psycopg")))
+    backend = get_backend(yoyo_url(dsn))
     migrations = read_migrations(str(PG_MIGRATIONS))
     try:
         with backend.lock():

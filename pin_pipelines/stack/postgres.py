@@ -193,6 +193,7 @@ class LocalPostgres:
             "service": "postgresql",
             "managed": self.target.is_local,
             "state": "running" if self.answers() else "down",
+            "secure": self.secure,
             "port": self.target.port,
         }
 

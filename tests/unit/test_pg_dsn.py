@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl, urlsplit
 import psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import dialect as psycopg2_dialect
 from sqlalchemy.engine import make_url
+from yoyo.connections import parse_uri
 
 from pin_pipelines.config import (
     PG_CLIENT_DEAD_PEER_PARAMS,
@@ -18,6 +19,7 @@ from pin_pipelines.config import (
     with_dead_peer_bounds,
 )
 from pin_pipelines.db import connect_failure
+from pin_pipelines.migrate import yoyo_url
 from pin_pipelines.redact import redact_url
 
 #: What a managed PostgreSQL behind a failover pair hands out, every TLS parameter set.
@@ -79,6 +81,16 @@ def test_dagster_storage_url_back_to_libpq_is_the_sibling_database() -> None:
     for dsn in (MULTI_HOST, "postgresql://pin:secret@127.0.0.1:5/pin?sslmode=verify-full"):
         back = psycopg.conninfo.conninfo_to_dict(dagster_pg_dsn(dagster_pg_url_from(dsn)))
         assert back == {**psycopg.conninfo.conninfo_to_dict(dsn), "dbname": "dagster"}
+
+
+def test_the_migrations_connect_with_every_host_and_parameter() -> None:
+    """Tried: yoyo's URL of the multi-host URL, read by yoyo's own parser: the arguments it
+    hands to psycopg are exactly the libpq parameters of the URL (its parser reads one host and
+    port from the authority: the list failed there)."""
+    uri = parse_uri(yoyo_url(MULTI_HOST))
+    assert (uri.hostname, uri.port, uri.username, uri.password) == (None, None, None, None)
+    assert uri.args == psycopg.conninfo.conninfo_to_dict(MULTI_HOST)
+    assert PARAMS.items() <= uri.args.items()
 
 
 def test_a_secured_servers_refusals_read_as_their_causes_without_the_password() -> None:
