@@ -10,7 +10,6 @@ the OS user that runs `pin` (peer authentication).
 
 from __future__ import annotations
 
-import getpass
 import os
 import pwd
 import secrets
@@ -54,6 +53,13 @@ def bindir() -> Path:
         if attempt == 0:
             apt_install(["postgresql"])
     raise PinError("PostgreSQL server binaries not found under /usr/lib/postgresql")
+
+
+def scram_verifier(conn: psycopg.Connection, role: str, password: str) -> sql.Literal:
+    """`password` as the SCRAM-SHA-256 verifier libpq computes for `role` (the literal of an
+    ALTER/CREATE ROLE … PASSWORD): the clear text never reaches the server, nor its log."""
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256")
+    return sql.Literal(verifier.decode())
 
 
 def _major(pg_ctl: Path) -> int:
@@ -261,7 +267,7 @@ class LocalPostgres:
             target.chmod(0o600)
         self.data.joinpath("pg_hba.conf").write_text(SECURE_HBA)
         self.data.joinpath("pg_ident.conf").write_text(
-            f"pin_admin {getpass.getuser()} {SUPERUSER}\n"
+            f"pin_admin {pwd.getpwuid(os.geteuid()).pw_name} {SUPERUSER}\n"
         )
         return (
             "ssl = on\n"
@@ -276,8 +282,8 @@ class LocalPostgres:
         CREATEROLE (it creates the group roles at `pin db migrate`), its password from
         `password` (set again at each `up`: the file is the truth)."""
         owner = sql.Identifier(self.target.user)
-        password = sql.Literal(self.password(self.target.user))
         with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
+            password = scram_verifier(conn, self.target.user, self.password(self.target.user))
             exists = conn.execute(
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", (self.target.user,)
             ).fetchone()

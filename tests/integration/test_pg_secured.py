@@ -30,7 +30,7 @@ from psycopg import sql
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from
 from pin_pipelines.defs.recalc.jobs import recalc_drain_job
 from pin_pipelines.defs.resources import RESOURCES
-from pin_pipelines.stack.postgres import LocalPostgres
+from pin_pipelines.stack.postgres import LocalPostgres, scram_verifier
 from pin_pipelines.stack.process import free_port, wait_until
 from pin_pipelines.stack.tls import LocalCA
 from tests.support.chessboard import make_building, make_layout, make_layout_group, make_object
@@ -93,7 +93,7 @@ def estate() -> Iterator[Estate]:
                 conn.execute(
                     sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
                         sql.Identifier(role),
-                        sql.Literal(server.password(role)),
+                        scram_verifier(conn, role, server.password(role)),
                         sql.Identifier(group),
                     )
                 )
@@ -118,7 +118,9 @@ def test_the_owner_migrates_over_verified_tls_as_no_superuser(estate: Estate) ->
     """Tried: what the module's `pin db migrate` left, read as the owner. The session is TLS
     (pg_stat_ssl), the owner no superuser; the group roles exist, NOLOGIN; pin_worker may use
     the schema but not create in it, nor in public; a second migrate applies nothing and
-    re-applies the grants."""
+    re-applies the grants. `up` again finds it running (idempotent), `status` says so."""
+    assert estate.server.up()["state"] == "already running"
+    assert estate.server.status()["state"] == "running"
     with psycopg.connect(estate.owner_dsn, autocommit=True) as conn:
         assert conn.execute(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
