@@ -208,8 +208,22 @@ class LocalPostgres:
             row = conn.execute("SHOW server_version").fetchone()
         return str(row[0]) if row else "unknown"
 
+    @property
+    def _mode(self) -> str:
+        return "secure" if self.secure else "plain"
+
     def _init_cluster(self) -> None:
+        """initdb once; the cluster's mode is kept beside it (`pin.mode`): a plain cluster has
+        no `postgres` superuser and its owner is one, so it cannot be turned secured in place
+        (nor back), and `up` says so instead of waiting for a login that cannot succeed."""
+        marker = self.root / "pin.mode"
         if self.data.joinpath("PG_VERSION").exists():
+            made = marker.read_text().strip() if marker.exists() else "plain"
+            if made != self._mode:
+                raise PinError(
+                    f"the PostgreSQL cluster in {self.data} was made {made}, not {self._mode}: "
+                    f"stop it (`pin stack down`) and move {self.root} away to make a new one"
+                )
             return
         uid, gid = _owner_ids()
         for folder in (self.root, self.data, self.socket_dir):
@@ -233,6 +247,7 @@ class LocalPostgres:
             raise PinError(f"initdb failed: {(result.stderr or result.stdout).strip()[-300:]}")
         with self.data.joinpath("postgresql.conf").open("a") as conf:
             conf.write("\ninclude_if_exists = 'pin.conf'\n")
+        marker.write_text(f"{self._mode}\n")
 
     def _write_conf(self) -> None:
         """Rewritten on every `up`, so a changed PIN_PG_DSN port takes effect on the next start."""

@@ -30,6 +30,7 @@ from psycopg import sql
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from
 from pin_pipelines.defs.recalc.jobs import recalc_drain_job
 from pin_pipelines.defs.resources import RESOURCES
+from pin_pipelines.errors import PinError
 from pin_pipelines.stack.postgres import LocalPostgres, scram_verifier
 from pin_pipelines.stack.process import free_port, wait_until
 from pin_pipelines.stack.tls import LocalCA
@@ -118,9 +119,12 @@ def test_the_owner_migrates_over_verified_tls_as_no_superuser(estate: Estate) ->
     """Tried: what the module's `pin db migrate` left, read as the owner. The session is TLS
     (pg_stat_ssl), the owner no superuser; the group roles exist, NOLOGIN; pin_worker may use
     the schema but not create in it, nor in public; a second migrate applies nothing and
-    re-applies the grants. `up` again finds it running (idempotent), `status` says so."""
+    re-applies the grants. `up` again finds it running (idempotent), `status` says so; the plain
+    stack's `up` on its folder refuses in one line instead of turning it plain."""
     assert estate.server.up()["state"] == "already running"
     assert estate.server.status()["state"] == "running"
+    with pytest.raises(PinError, match="was made secure, not plain"):
+        LocalPostgres(estate.server.settings).up()
     with psycopg.connect(estate.owner_dsn, autocommit=True) as conn:
         assert conn.execute(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
