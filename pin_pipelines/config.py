@@ -336,24 +336,54 @@ class PgTarget:
 
 
 def dsn_with_dbname(dsn: str, dbname: str) -> str:
+    """`dsn` naming database `dbname`; every host and parameter kept (TLS, passfile, …)."""
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{dbname}"))
 
 
 def with_dead_peer_bounds(url: str) -> str:
-    """A libpq (or SQLAlchemy) URL with PG_CLIENT_DEAD_PEER_PARAMS added where it sets none."""
+    """A libpq (or SQLAlchemy) URL with PG_CLIENT_DEAD_PEER_PARAMS added where it sets none;
+    its own parameters are kept as written (a repeated `host`, an encoded path)."""
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    missing = {k: v for k, v in PG_CLIENT_DEAD_PEER_PARAMS.items() if k not in query}
+    present = {name for name, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    missing = {k: v for k, v in PG_CLIENT_DEAD_PEER_PARAMS.items() if k not in present}
     if not missing:
         return url
-    return urlunsplit(parts._replace(query=urlencode({**query, **missing})))
+    query = "&".join(q for q in (parts.query, urlencode(missing)) if q)
+    return urlunsplit(parts._replace(query=query))
+
+
+DAGSTER_PG_SCHEME = "postgresql+psycopg2"
 
 
 def dagster_pg_url_from(pg_dsn: str, dbname: str = "dagster") -> str:
-    """Dagster's storage lives in a sibling database `dagster` on the same server.
+    """Dagster's storage lives in a sibling database `dagster` on the same server, reached with
+    every parameter of `pg_dsn` (TLS, passfile, target_session_attrs).
 
     It goes through psycopg2: dagster-postgres' SQL fails under SQLAlchemy with psycopg 3.
+    SQLAlchemy reads no host list in the authority (`a:5432,b:5433`): several hosts become its
+    repeated `host=a:5432&host=b:5433` parameters, which it hands to libpq as the same list.
     """
     parts = urlsplit(dsn_with_dbname(pg_dsn, dbname))
-    return urlunsplit(parts._replace(scheme="postgresql+psycopg2"))
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if "," in hosts:
+        query = "&".join(
+            q for q in (urlencode([("host", h) for h in hosts.split(",")]), parts.query) if q
+        )
+        netloc = f"{userinfo}@" if userinfo else ""
+        parts = parts._replace(netloc=netloc, query=query)
+    return urlunsplit(parts._replace(scheme=DAGSTER_PG_SCHEME))
+
+
+def dagster_pg_dsn(storage_url: str) -> str:
+    """The libpq URL of Dagster's storage URL (`dagster_pg_url_from` undone: the project's own
+    connections to it, which go through psycopg 3)."""
+    parts = urlsplit(storage_url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    hosts = [value for name, value in pairs if name == "host"]
+    if len(hosts) > 1:
+        userinfo, _, _ = parts.netloc.rpartition("@")
+        netloc = f"{userinfo}@" if userinfo else ""
+        rest = [(name, value) for name, value in pairs if name != "host"]
+        parts = parts._replace(netloc=netloc + ",".join(hosts), query=urlencode(rest))
+    return urlunsplit(parts._replace(scheme="postgresql"))

@@ -7,6 +7,7 @@ when the rows are read, so a row is a small frozen dataclass read by column name
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -49,9 +50,50 @@ def connect(
         conninfo = make_conninfo("", **params)
         return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as exc:
-        raise PinError(
-            f"PostgreSQL at {redact_url(dsn)} is unreachable: {first_line(exc)}"
-        ) from exc
+        raise connect_failure(dsn, exc) from exc
+
+
+#: libpq's words for a secured server's refusals (CONTRACT section 8) → what an operator reads
+#: first (docs/runbook.md "Secured services" has each one's fix); the server's line follows.
+REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r'authentication failed for user "(?P<user>[^"]*)"'),
+        'authentication failed for user "{user}"',
+    ),
+    (
+        re.compile(r"no password supplied"),
+        "no password for the user (none in PIN_PG_DSN nor in its passfile)",
+    ),
+    (
+        re.compile(r"certificate verify failed"),
+        "certificate not trusted (sslrootcert does not hold the CA of the server's certificate)",
+    ),
+    (
+        re.compile(r"does not match host name"),
+        "the server's certificate does not name this host",
+    ),
+    (
+        re.compile(r"pg_hba\.conf .*no encryption"),
+        "the server requires TLS (sslmode=verify-full with sslrootcert in PIN_PG_DSN)",
+    ),
+    (
+        re.compile(r"server does not support SSL"),
+        "the server does not offer TLS, which PIN_PG_DSN's sslmode requires",
+    ),
+)
+
+
+def connect_failure(dsn: str, exc: psycopg.OperationalError) -> PinError:
+    """A failed connect as one line: the cause in an operator's words where libpq's is one of
+    REFUSALS, then libpq's own first line (never a password: the URL is redacted)."""
+    line = redact_url(first_line(exc))
+    for pattern, words in REFUSALS:
+        found = pattern.search(line)
+        if found:
+            return PinError(
+                f"PostgreSQL at {redact_url(dsn)}: {words.format(**found.groupdict())} ({line})"
+            )
+    return PinError(f"PostgreSQL at {redact_url(dsn)} is unreachable: {line}")
 
 
 #: What a statement of this release meets on a database it has not migrated.

@@ -3,41 +3,90 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
-from pin_pipelines.config import SQL_DIR, Settings
+from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn
 from pin_pipelines.db import connect
-from pin_pipelines.errors import PinError
+from pin_pipelines.errors import PinError, first_line
+from pin_pipelines.redact import redact_url
 
 PG_MIGRATIONS = SQL_DIR / "postgres" / "migrations"
 PG_SCHEMA = SQL_DIR / "postgres" / "schema"
 #: The current definitions, in the order they are applied: each file's objects reference only
 #: its own and those of the files before it (sql/postgres/schema/README.md).
 PG_SCHEMA_FILES = ("catalogue.sql", "queue.sql", "outbox.sql", "metrics.sql", "recalc.sql")
+#: The group roles' privileges (migration 0019's roles), applied after every migrate.
+PG_GRANTS = SQL_DIR / "postgres" / "grants.sql"
+#: pin_worker's privileges on Dagster's storage, applied after its tables are made.
+DAGSTER_GRANTS = SQL_DIR / "postgres" / "dagster_grants.sql"
+
+
+def yoyo_url(dsn: str) -> str:
+    """yoyo's URL for `dsn` with every libpq parameter as a query parameter, which yoyo hands to
+    psycopg as they are: its own URL parser reads one host and port, not a list (`a:5432,b:5433`
+    failed on the port), and would drop nothing else but that."""
+    return "postgresql+psycopg:///?" + urlencode(conninfo_to_dict(dsn))
 
 
 def migrate_postgres(dsn: str) -> list[str]:
-    """Apply pending migrations under yoyo's lock (two concurrent `migrate`s do not race)."""
-    connect(dsn).close()  # a clear error when the server is not there, before yoyo's own
-    parts = urlsplit(dsn)
-    backend = get_backend(urlunsplit(parts._replace(scheme="postgresql+psycopg")))
+    """Apply pending migrations, then grants.sql, under yoyo's lock (two concurrent `migrate`s do
+    not race). A role that may not change the schema (a worker's) is told, in one line, to run
+    it as the schema's owner."""
+    with connect(dsn) as conn:  # a clear error when the server is not there, before yoyo's own
+        user = conn.info.user
+    backend = get_backend(yoyo_url(dsn))
     migrations = read_migrations(str(PG_MIGRATIONS))
-    with backend.lock():
-        pending = backend.to_apply(migrations)
-        backend.apply_migrations(pending)
+    try:
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+            with connect(dsn) as conn:
+                conn.execute(PG_GRANTS.read_text())
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.RaiseException) as exc:
+        raise PinError(
+            f"PostgreSQL at {redact_url(dsn)}: {user} may not migrate the schema "
+            f"({first_line(exc)}); run `pin db migrate` as the schema's owner (with CREATEROLE "
+            'for the group roles, README "Connecting to production services")'
+        ) from exc
     return [m.id for m in pending]
 
 
 def apply_schema_files(dsn: str) -> None:
     """Build the schema from its current definitions (sql/postgres/schema/) on an empty database,
-    in one transaction. Not a way to deploy (a database is only ever migrated, and yoyo's
-    history would be missing): tests/integration/test_schema_current.py compares the result with
-    a migrated database, so the files read as what runs now cannot drift from the migrations."""
+    in one transaction, granted as `migrate_postgres` grants it. Not a way to deploy (a database
+    is only ever migrated, and yoyo's history would be missing):
+    tests/integration/test_schema_current.py compares the result with a migrated database, so
+    the files read as what runs now cannot drift from the migrations."""
     with connect(dsn) as conn, conn.transaction():
         for name in PG_SCHEMA_FILES:
             conn.execute((PG_SCHEMA / name).read_bytes())
+        conn.execute(PG_GRANTS.read_bytes())
+
+
+def migrate_dagster_storage(storage_url: str) -> None:
+    """Dagster's tables, made by the owner running `pin db migrate` (dagster-postgres makes them
+    at first use, which a pin_worker login may not: it has no CREATE), then granted to
+    pin_worker. Made here by dagster-postgres itself, so they are exactly what Dagster would
+    make; tables that exist are left as they are. A role that may not make or grant them
+    is told, in one line, to run it as the owner of Dagster's database."""
+    from dagster_postgres import DagsterPostgresStorage
+    from sqlalchemy.exc import DBAPIError
+
+    dsn = dagster_pg_dsn(storage_url)
+    connect(dsn).close()  # a missing database or server in one line, before SQLAlchemy's
+    try:
+        DagsterPostgresStorage(storage_url).event_log_storage.dispose()
+        with connect(dsn) as conn:
+            conn.execute(DAGSTER_GRANTS.read_text())
+    except (DBAPIError, psycopg.Error) as exc:
+        raise PinError(
+            f"PostgreSQL at {redact_url(dsn)}: Dagster's storage was not made and granted "
+            f"({redact_url(first_line(exc))}); run `pin db migrate` as the owner of that database"
+        ) from exc
 
 
 def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dict[str, object]:
@@ -49,6 +98,7 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     from pin_pipelines.kafka import TopicPolicy, check_topics, ensure_topics
 
     applied = migrate_postgres(settings.pg_dsn)
+    migrate_dagster_storage(settings.dagster_pg_url)
     with open_clickhouse(
         settings.clickhouse_url, password_file=settings.clickhouse_password_file
     ) as ch:

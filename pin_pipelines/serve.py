@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pin_pipelines.config import SOURCE_ROOT, Settings, with_dead_peer_bounds
+from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_dsn, with_dead_peer_bounds
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
 from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
@@ -33,7 +33,7 @@ def prepare_dagster_home(settings: Settings) -> dict[str, str]:
     if TEMPLATE.resolve() != target.resolve():
         write_instance_yaml(settings, target)
     # Fail here, clearly, rather than in two child processes' tracebacks.
-    connect(settings.dagster_pg_url.replace("postgresql+psycopg2:", "postgresql:", 1)).close()
+    connect(dagster_pg_dsn(settings.dagster_pg_url)).close()
     return {
         **os.environ,
         "DAGSTER_HOME": str(home),

@@ -24,10 +24,11 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from pin_pipelines.config import SOURCE_ROOT, Settings, dsn_with_dbname
+from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.serve import prepare_dagster_home
 from pin_pipelines.stack.process import free_port
 from tests.support.chessboard import make_building, make_object, make_project
+from tests.support.pg import dbname
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -142,7 +143,7 @@ class Dagster:
 def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
     """Webserver, then the daemon (the QueuedRunCoordinator of dagster.yaml needs it to start
     runs) once the shipped sensors and schedules are stopped on this instance."""
-    storage = f"{pg_dsn.rsplit('/', 1)[1]}_dagster"
+    storage = f"{dbname(pg_dsn)}_dagster"
     with psycopg.connect(dsn_with_dbname(pg_dsn, "postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{storage}"')
@@ -151,9 +152,7 @@ def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
             "PIN_PG_DSN": pg_dsn,
             "PIN_STATE_DIR": str(tmp_path / "state"),
             "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",
-            "PIN_DAGSTER_PG_URL": dsn_with_dbname(pg_dsn, storage).replace(
-                "postgresql://", "postgresql+psycopg2://", 1
-            ),
+            "PIN_DAGSTER_PG_URL": dagster_pg_url_from(pg_dsn, storage),
         }
     )
     env = prepare_dagster_home(settings)

@@ -43,6 +43,7 @@ from tests.integration.clickhouse_fixtures import (  # fixtures, registered by t
     loader_settings,
     private_clickhouse_server,
 )
+from tests.support.pg import dbname
 from tests.support.recalc import drain_until_empty
 
 __all__ = [
@@ -78,10 +79,10 @@ DIM = "pin_dev_stats.dim_layout_group"
 def pg_dsn() -> str:
     """A freshly created and migrated test database (dropped first if a previous run left it)."""
     admin = dsn_with_dbname(TEST_PG_DSN, "postgres")
-    dbname = TEST_PG_DSN.rsplit("/", 1)[1]
+    name = dbname(TEST_PG_DSN)
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
     migrate_postgres(TEST_PG_DSN)
     return TEST_PG_DSN
 
@@ -183,8 +184,6 @@ def pg_instance(
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copyfile(SOURCE_ROOT / "dagster.yaml", home / "dagster.yaml")
-    monkeypatch.setenv(
-        "PIN_DAGSTER_PG_URL", dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
-    )
+    monkeypatch.setenv("PIN_DAGSTER_PG_URL", dagster_pg_url_from(dagster_db, dbname(dagster_db)))
     with dg.DagsterInstance.from_config(str(home)) as instance:
         yield instance

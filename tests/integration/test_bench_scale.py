@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from pin_pipelines.config import SOURCE_ROOT, dsn_with_dbname
+from tests.support.pg import dbname
 
 SIZES = {"500", "100", "10", "1", "115"}
 #: Projects per size class (the filler class is "115"), as the catalogues' projects_by_size say.
@@ -198,7 +199,7 @@ def test_bench_scale_runs_at_a_tiny_size(pg_dsn: str) -> None:
     drifts from its objects or when a drain of unchanged projects writes anything, so exit 0
     says the set-based build (triggers off, indexes rebuilt) leaves what the drain keeps. Its
     one stdout line, the report, is checked whole (_assert_report), and its databases are gone."""
-    database = f"{pg_dsn.rsplit('/', 1)[1]}_scale"
+    database = f"{dbname(pg_dsn)}_scale"
     done = subprocess.run(
         [
             sys.executable,

@@ -134,15 +134,15 @@ def test_pin_dagster_prune_counts_then_deletes_with_a_json_summary(
     import os
     import subprocess
 
-    from pin_pipelines.config import dagster_pg_url_from
     from tests.support.recalc import PIN, REPO_ROOT, last_json_line
+    from tests.support.serve import storage_url
 
     old = _run(pg_instance, dagster_db, S.SUCCESS, 4)
     env = {
         **os.environ,
         "PIN_PG_DSN": pg_dsn,
         "DAGSTER_HOME": str(tmp_path / "prune_home"),
-        "PIN_DAGSTER_PG_URL": dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1]),
+        "PIN_DAGSTER_PG_URL": storage_url(dagster_db),
     }
     summaries = []
     for args in (["--dry-run"], []):

@@ -114,7 +114,7 @@ def paging(
     role = f"pin_paging_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
-        conn.execute(f"GRANT pg_read_all_data TO {role}")  # an exporter only reads
+        conn.execute(f"GRANT pin_reader TO {role}")  # the exporter's group role (grants.sql)
         conn.execute("TRUNCATE chessboard.recalc_worker_ticks, chessboard.recalc_scheduler_beats")
     ensure_topics(kafka_bootstrap, (TOPIC_LAYOUT_GROUP, TOPIC_DEVSTATS_DLQ))
     _catch_up_loader_group(kafka_bootstrap)

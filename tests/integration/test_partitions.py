@@ -43,6 +43,7 @@ from tests.support.blackhole import Direction, blackhole
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.cli import run_pin, summary
 from tests.support.devstats import Group, produce_events
+from tests.support.pg import dbname
 from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slow_recalc
 from tests.support.truth import drift
 
@@ -297,7 +298,7 @@ def test_a_continuous_relay_rides_out_a_kafka_partition_while_edits_keep_coming(
     env = {
         **pin_env(pg_dsn),
         "PIN_KAFKA_BOOTSTRAP": bootstrap,
-        "PIN_RELAY_TRANSACTIONAL_ID": f"pin-outbox-relay-{pg_dsn.rsplit('/', 1)[1]}-partition",
+        "PIN_RELAY_TRANSACTIONAL_ID": f"pin-outbox-relay-{dbname(pg_dsn)}-partition",
     }
     events: dict[str, list[str]] = {}
     writing = threading.Event()

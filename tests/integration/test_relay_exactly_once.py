@@ -46,6 +46,7 @@ from tests.integration.test_outbox_relay import (
     payload,
 )
 from tests.support.cli import PIN, assert_one_line_error
+from tests.support.pg import dbname
 
 Offsets = dict[str, dict[int, int]]
 
@@ -129,7 +130,7 @@ def _reap(pid: int | None) -> None:
 @pytest.fixture
 def transactional_id(pg_dsn: str) -> str:
     """The relays of this module: their own id, on their own broker."""
-    return f"pin-outbox-relay-{pg_dsn.rsplit('/', 1)[1]}-private"
+    return f"pin-outbox-relay-{dbname(pg_dsn)}-private"
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pin_pipelines.config import dsn_with_dbname
+from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.stack.process import free_port, pid_alive, port_open, start_detached
 from tests.support.chessboard import (
     make_all_due,
@@ -33,6 +33,7 @@ from tests.support.chessboard import (
     make_project,
 )
 from tests.support.http import answers_http
+from tests.support.pg import dbname
 from tests.support.recalc import (
     PIN,
     REPO_ROOT,
@@ -176,7 +177,7 @@ def serve_env(db: psycopg.Connection, pg_dsn: str, tmp_path: Path) -> dict[str, 
     folder, port and embedded ClickHouse folder; Kafka points at a closed port, so the shipped
     sensors can never touch the shared broker's topics or consumer groups. The queue is empty
     (`db`), so no drain run starts either."""
-    storage = f"{pg_dsn.rsplit('/', 1)[1]}_dagster"
+    storage = f"{dbname(pg_dsn)}_dagster"
     with psycopg.connect(dsn_with_dbname(pg_dsn, "postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{storage}"')
@@ -186,9 +187,7 @@ def serve_env(db: psycopg.Connection, pg_dsn: str, tmp_path: Path) -> dict[str, 
         "PIN_CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}",
         "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
         "PIN_DAGSTER_PORT": str(free_port()),
-        "PIN_DAGSTER_PG_URL": dsn_with_dbname(pg_dsn, storage).replace(
-            "postgresql://", "postgresql+psycopg2://", 1
-        ),
+        "PIN_DAGSTER_PG_URL": dagster_pg_url_from(pg_dsn, storage),
     }
 
 

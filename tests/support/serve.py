@@ -11,12 +11,13 @@ from pathlib import Path
 
 from pin_pipelines.config import dagster_pg_url_from
 from pin_pipelines.stack.process import free_port
+from tests.support.pg import dbname
 from tests.support.recalc import PIN, REPO_ROOT
 
 
 def storage_url(dagster_db: str) -> str:
     """The Dagster storage URL of the database `dagster_db` (a DSN; the dagster_db fixture)."""
-    return dagster_pg_url_from(dagster_db, dagster_db.rsplit("/", 1)[1])
+    return dagster_pg_url_from(dagster_db, dbname(dagster_db))
 
 
 def serve_env(

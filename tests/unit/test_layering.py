@@ -27,11 +27,14 @@ PACKAGE_DIR = SOURCE_ROOT / PACKAGE
 
 #: The modules that may import dagster (or dagster_*), besides everything under defs/: the code
 #: location, `pin serve` (it opens the instance to wait for runs on a stop), and the retention of
-#: finished runs, which works on a DagsterInstance for `pin dagster prune` and the daily job.
+#: finished runs, which works on a DagsterInstance for `pin dagster prune` and the daily job;
+#: `pin db migrate`, which makes Dagster's storage tables as the schema's owner (dagster-postgres,
+#: inside the function: the rest of the module runs without it).
 #: dagster_instance.py writes the instance's YAML and needs no Dagster import.
 DAGSTER_MODULES = frozenset(
     {
         "pin_pipelines.definitions",
+        "pin_pipelines.migrate",
         "pin_pipelines.serve",
         "pin_pipelines.housekeeping.retention",
     }
