@@ -105,10 +105,8 @@ def test_every_pin_command_fails_fast_on_a_bad_file(
     monkeypatch.setenv("PIN_PG_DSN", "postgresql://nobody@127.0.0.1:1/none")
     assert main(["outbox", "relay", "--once"]) == 1
     err = capsys.readouterr().err.strip()
-    assert (
-        err
-        == f"pin: error: {ENV} {tmp_path / 'client.properties'}: line 2: no such librdkafka property 'sasl.mechansim'"
-    )
+    where = f"{ENV} {tmp_path / 'client.properties'}: line 2"
+    assert err == f"pin: error: {where}: no such librdkafka property 'sasl.mechansim'"
 
 
 @pytest.mark.parametrize(
@@ -132,8 +130,10 @@ def test_every_pin_command_fails_fast_on_a_bad_file(
         ),
         (
             "sasl_ssl://h:9093/bootstrap: SASL PLAIN mechanism handshake failed: Broker:"
-            " Unsupported SASL mechanism: broker's supported mechanisms: SCRAM-SHA-512,SCRAM-SHA-256",
-            "the broker does not offer SASL mechanism PLAIN (it offers SCRAM-SHA-512,SCRAM-SHA-256)",
+            " Unsupported SASL mechanism: broker's supported mechanisms: SCRAM-SHA-512,"
+            "SCRAM-SHA-256",
+            "the broker does not offer SASL mechanism PLAIN (it offers SCRAM-SHA-512,"
+            "SCRAM-SHA-256)",
         ),
         ("h:9093/bootstrap: Connect to ipv4#127.0.0.1:9093 failed: Connection refused", None),
         (
