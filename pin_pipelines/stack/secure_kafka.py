@@ -205,18 +205,19 @@ class SecureKafka:
         `kafka-configs --alter --add-config 'SCRAM-SHA-512=[password=…]'`) and in its file.
         Existing connections stay; new ones need the new password. Returns the file's path."""
         new = secrets.token_hex(16)
-        upserts: list[UserScramCredentialAlteration] = [
-            UserScramCredentialUpsertion(
-                USER, ScramCredentialInfo(m, SCRAM_ITERATIONS), new.encode()
-            )
-            for m in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256)
-        ]
         client = admin(self.bootstrap("plaintext"), _PLAINTEXT)
-        for future in client.alter_user_scram_credentials(upserts).values():
-            try:
-                future.result(timeout=30)
-            except KafkaException as exc:
-                raise PinError(f"rotating the SCRAM password of {USER} failed: {exc}") from exc
+        # One credential per request: the broker refuses a user altered twice in one.
+        for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256):
+            upsert: list[UserScramCredentialAlteration] = [
+                UserScramCredentialUpsertion(
+                    USER, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), new.encode()
+                )
+            ]
+            for future in client.alter_user_scram_credentials(upsert).values():
+                try:
+                    future.result(timeout=30)
+                except KafkaException as exc:
+                    raise PinError(f"rotating the SCRAM password of {USER} failed: {exc}") from exc
         path = self.folder / "secrets" / "scram.password"
         path.write_text(new)
         return str(path)
