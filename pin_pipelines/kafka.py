@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, 
 from pin_pipelines.config import DEFAULT_KAFKA_PARTITIONS, Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka_properties import CAUSES, failure, read_properties
-
-log = logging.getLogger("pin_pipelines.kafka")
 
 TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
 TOPIC_LAYOUT = "pin.chessboard.layout-upserted.v1"

@@ -17,7 +17,6 @@ relay only needs the exceptions.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +56,6 @@ ABORT_TIMEOUT = 5.0
 #: how long read_committed consumers of a partition can stall behind a relay that died
 #: mid-transaction when no new relay starts (a new one aborts the transaction at once).
 TRANSACTION_MARGIN = 60.0
-
-log = logging.getLogger("pin_pipelines.relay")
 
 
 def producer_config(bootstrap: str, delivery_timeout: float) -> dict[str, Any]:
