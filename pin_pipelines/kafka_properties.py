@@ -148,20 +148,30 @@ def _scrub(properties: KafkaProperties, text: str) -> str:
 class Causes:
     """The first cause librdkafka gave per bootstrap address, recorded by the clients' error_cb,
     cleared when a client of that address is made (a fixed credential must not keep the old
-    cause). Process-wide: a wrong password fails every client of the estate alike."""
+    cause). Process-wide: a wrong password fails every client of the estate alike.
+
+    A plaintext connection closed at its first request is also what a broker that is shutting
+    down does once: that cause (REQUIRES_TLS) counts from its third sighting, which a TLS port
+    gives within a second or two of reconnects."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._first: dict[str, str] = {}
+        self._seen: dict[tuple[str, str], int] = {}
 
     def forget(self, bootstrap: str) -> None:
         with self._lock:
             self._first.pop(bootstrap, None)
+            for key in [k for k in self._seen if k[0] == bootstrap]:
+                del self._seen[key]
 
     def record(self, bootstrap: str, text: str) -> None:
         cause = operator_cause(text)
-        if cause is not None:
-            with self._lock:
+        if cause is None:
+            return
+        with self._lock:
+            seen = self._seen[(bootstrap, cause)] = self._seen.get((bootstrap, cause), 0) + 1
+            if cause != REQUIRES_TLS or seen >= 3:
                 self._first.setdefault(bootstrap, cause)
 
     def first(self, bootstrap: str) -> str | None:
@@ -200,6 +210,12 @@ CAUSES = Causes()
 _NOT_TLS = re.compile(r"(?:^|\s)(?:sasl_plaintext://)?[\w.\-]+:\d+/\w+: Disconnected")
 
 
+REQUIRES_TLS = (
+    f"the server requires TLS: set security.protocol=SSL or SASL_SSL in {ENV}"
+    " (the port may also expect SASL)"
+)
+
+
 def operator_cause(text: str) -> str | None:
     """What the operator must fix, in their words, for a librdkafka error or log line that is
     not the network's; None for the others."""
@@ -230,10 +246,7 @@ def operator_cause(text: str) -> str | None:
         )
     tls_expected = "state APIVERSION_QUERY" in text and _NOT_TLS.search(text) is not None
     if tls_expected or "connecting to a SSL listener" in text:
-        return (
-            f"the server requires TLS: set security.protocol=SSL or SASL_SSL in {ENV}"
-            " (the port may also expect SASL)"
-        )
+        return REQUIRES_TLS
     if "SSL handshake failed" in text:
         return (
             "the TLS handshake failed (the broker may require a client certificate:"

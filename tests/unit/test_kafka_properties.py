@@ -10,7 +10,13 @@ import pytest
 from pin_pipelines.cli import main
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import client_config
-from pin_pipelines.kafka_properties import ENV, operator_cause, read_properties
+from pin_pipelines.kafka_properties import (
+    ENV,
+    REQUIRES_TLS,
+    Causes,
+    operator_cause,
+    read_properties,
+)
 
 SECRET = "s3cr3t-Pa55word"
 
@@ -152,3 +158,18 @@ def test_librdkafka_lines_in_operator_words(line: str, cause: str | None) -> Non
         assert found is None
     else:
         assert found is not None and found.startswith(cause), found
+
+
+def test_one_plaintext_disconnect_is_not_yet_a_tls_port() -> None:
+    """A broker shutting down may close one plaintext connection at its first request, as a TLS
+    port closes every one: the cause counts from its third sighting."""
+    causes = Causes()
+    line = "h:9093/bootstrap: Disconnected (after 0ms in state APIVERSION_QUERY)"
+    causes.record("h:9093", line)
+    causes.record("h:9093", line)
+    assert causes.first("h:9093") is None
+    causes.record("h:9093", line)
+    assert causes.first("h:9093") == REQUIRES_TLS
+    causes.forget("h:9093")
+    causes.record("h:9093", line)
+    assert causes.first("h:9093") is None
