@@ -52,8 +52,8 @@ CLIENTS = {
 _PROTOCOLS = {"scram": "SASL_SSL", "plain": "SASL_SSL", "mtls": "SSL"}
 #: Salted-hash iterations of a SCRAM credential (Kafka's minimum 4096).
 SCRAM_ITERATIONS = 8192
-#: Listener-scoped settings without the plaintext listener's own: the admin client of this module
-#: talks to it even when the process's PIN_KAFKA_CONFIG names a secured listener.
+#: This module's own admin calls go to the plaintext (inter-broker) listener, whatever the
+#: process's PIN_KAFKA_CONFIG says: the SASL and TLS properties are ignored under PLAINTEXT.
 _PLAINTEXT = {"security.protocol": "PLAINTEXT"}
 
 
