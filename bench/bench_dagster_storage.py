@@ -34,14 +34,14 @@ from confluent_kafka import Consumer, TopicPartition
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP as DEFAULT_KAFKA
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
-from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, client_config
 
 SUCCESS_RETENTION_DAYS = 3
 
 
 def skip_to_end(bootstrap: str) -> None:
     """Commit the loader's group at the end offsets of the layout-group topic."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": DEFAULT_GROUP})
+    consumer = Consumer({**client_config(bootstrap), "group.id": DEFAULT_GROUP})
     try:
         partitions = consumer.list_topics(TOPIC_LAYOUT_GROUP, timeout=10).topics
         offsets = [

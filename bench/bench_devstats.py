@@ -58,7 +58,7 @@ from pin_pipelines.devstats import inserts
 from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.devstats.loader import LoadOptions, load_once
-from pin_pipelines.kafka import delete_topics, ensure_topics
+from pin_pipelines.kafka import client_config, delete_topics, ensure_topics
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.process import free_port
 
@@ -102,7 +102,7 @@ class Groups:
 def new_producer(bootstrap: str) -> Producer:
     return Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "enable.idempotence": True,
             "linger.ms": 5,
             "log_level": 0,

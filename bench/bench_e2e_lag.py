@@ -39,7 +39,7 @@ from _common import BASE_DSN, bench_queries, fresh_database, seconds_quantiles
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.devstats.dim import stored_versions
-from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, client_config
 
 CLICKHOUSE_URL = os.environ.get(
     "PIN_BENCH_CLICKHOUSE_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
@@ -108,14 +108,14 @@ def main() -> None:
     # The loader's group starts at the topic's end: older events are not this run's load.
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"bench-e2e-{uuid.uuid4().hex[:8]}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
         }
     )
     ends = _end_offsets(consumer)
-    loader = Consumer({"bootstrap.servers": bootstrap, "group.id": "pin-devstats-dim-layout-group"})
+    loader = Consumer({**client_config(bootstrap), "group.id": "pin-devstats-dim-layout-group"})
     loader.commit(offsets=ends, asynchronous=False)
     loader.close()
     consumer.assign(ends)

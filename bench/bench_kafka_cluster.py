@@ -87,6 +87,7 @@ from pin_pipelines.kafka import (
     TOPIC_LAYOUT_GROUP,
     TopicPolicy,
     admin,
+    client_config,
     ensure_topics,
     while_settling,
 )
@@ -166,7 +167,7 @@ def read_back(bootstrap: str, topic: str, start: dict[int, int]) -> set[Event]:
     ends = topic_end_offsets(bootstrap, [topic])[topic]
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"bench-read-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -297,7 +298,7 @@ def held_back(bootstrap: str, topic: str, events: int, groups: int) -> tuple[Gro
     invisible to the read_committed loaders until the returned producer commits it."""
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "transactional.id": f"pin-bench-prefill-{uuid.uuid4().hex[:8]}",
             "transaction.timeout.ms": 600_000,
             "linger.ms": 5,
@@ -427,7 +428,7 @@ class Arrivals:
         start = topic_end_offsets(bootstrap, [TOPIC_LAYOUT_GROUP])[TOPIC_LAYOUT_GROUP]
         self.consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(bootstrap),
                 "group.id": f"bench-arrivals-{uuid.uuid4()}",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 10,

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connect
-from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, client_config, ensure_topics
 from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.relay import OutboxRelay, relay_once, topic_end_offsets
 from pin_pipelines.relay.outbox import DELIVERY_TIMEOUT, MAX_BATCH_SIZE
@@ -85,7 +85,7 @@ def throughput(settings: Settings, events: int) -> dict[str, float]:
     plain_seconds = _send_from_memory(
         Producer(
             {
-                "bootstrap.servers": settings.kafka_bootstrap,
+                **client_config(settings.kafka_bootstrap),
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -162,7 +162,7 @@ def lag(settings: Settings, rate: int, seconds: float) -> dict[str, float]:
     start_offsets = topic_end_offsets(settings.kafka_bootstrap, [TOPIC_LAYOUT_GROUP])
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.kafka_bootstrap,
+            **client_config(settings.kafka_bootstrap),
             "group.id": f"bench-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 10,

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from pin_pipelines.config import Settings, traceback_requested
 from pin_pipelines.errors import PinError, first_line
+from pin_pipelines.kafka_properties import read_properties
 from pin_pipelines.logs import configure_cli_logging
 from pin_pipelines.redact import redact_url
 
@@ -364,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_cli_logging()
     try:
         settings = Settings.from_env()
+        read_properties()  # a bad PIN_KAFKA_CONFIG fails the command before it touches anything
         args.handler(args, settings)
     except PinError as exc:
         print(f"pin: error: {redact_url(first_line(exc))}", file=sys.stderr)

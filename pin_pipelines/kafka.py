@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,9 +12,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, 
 
 from pin_pipelines.config import DEFAULT_KAFKA_PARTITIONS, Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.logs import log_event
-
-log = logging.getLogger("pin_pipelines.kafka")
+from pin_pipelines.kafka_properties import CAUSES, failure, read_properties
 
 TOPIC_PROJECT = "pin.chessboard.project-upserted.v1"
 TOPIC_LAYOUT = "pin.chessboard.layout-upserted.v1"
@@ -75,25 +72,23 @@ class TopicSpec:
         return partitions, {**config, "min.insync.replicas": str(self.min_insync_replicas)}
 
 
-class _ClientLog:
-    """librdkafka's own log lines, as debug events: it logs a fenced producer as FATAL on
-    stderr otherwise, a second line next to the command's one-line error."""
+def client_config(bootstrap: str, own: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The config of every Kafka client the project makes: `bootstrap.servers`, the properties
+    of the file at PIN_KAFKA_CONFIG read now (TLS, SASL; none when unset), then the client's
+    `own` settings, which its correctness rests on. librdkafka's errors go to an `error_cb`
+    that keeps their cause for the one-line error (kafka_properties.failure), and its log lines
+    stay quiet (debug events): the callers report failures themselves."""
+    CAUSES.forget(bootstrap)
+    return {
+        "bootstrap.servers": bootstrap,
+        **read_properties().values,
+        **CAUSES.callbacks(bootstrap),
+        **(own or {}),
+    }
 
-    def log(self, _level: int, fmt: str, *args: Any) -> None:
-        log_event(log, "kafka_client_log", level=logging.DEBUG, message=fmt % args)
 
-
-#: Kafka clients that log nothing themselves (level 0 leaves only fatal lines): the relay's.
-QUIET_CLIENT: dict[str, Any] = {"log_level": 0, "logger": _ClientLog()}
-
-
-def _quiet(_err: Any) -> None:
-    """librdkafka prints every refused connection to stderr; callers report failures themselves."""
-
-
-def admin(bootstrap: str) -> AdminClient:
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "error_cb": _quiet, "log_level": 0}
-    return AdminClient(config)
+def admin(bootstrap: str, own: Mapping[str, Any] | None = None) -> AdminClient:
+    return AdminClient(client_config(bootstrap, own))
 
 
 def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
@@ -152,7 +147,9 @@ def _metadata(client: AdminClient, bootstrap: str, timeout: float = 10.0) -> Clu
     try:
         return while_settling(lambda left: client.list_topics(timeout=left), timeout)
     except KafkaException as exc:
-        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+        raise PinError(
+            failure(bootstrap, f"Kafka at {bootstrap} is unreachable: {exc.args[0]}", client)
+        ) from exc
 
 
 def ensure_topics(

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from pin_pipelines.devstats.offsets import KAFKA_TIMEOUT
 from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import client_config
 
 
 class DeadLetters:
@@ -26,9 +27,7 @@ class DeadLetters:
         if not bad:
             return
         if self._producer is None:
-            self._producer = Producer(
-                {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "log_level": 0}
-            )
+            self._producer = Producer(client_config(self.bootstrap, {"enable.idempotence": True}))
         failures: list[str] = []
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:

@@ -60,6 +60,7 @@ from pin_pipelines.devstats.progress import PartitionProgress
 from pin_pipelines.devstats.replay import EVERY_GROUP, IdRange, RangedReplay
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka_properties import failure
 from pin_pipelines.quantiles import Reservoir
 from pin_pipelines.tracing import links_to, tracer, tracing_enabled
 from pin_pipelines.worker import Budget, never
@@ -382,7 +383,7 @@ class _Cycle:
         progress; a bounded cycle pauses a partition read up to its start watermark."""
         err = msg.error()
         if err is not None and err.code() != KafkaError._PARTITION_EOF:
-            raise PinError(f"Kafka at {self.bootstrap}: {err.str()}")
+            raise PinError(failure(self.bootstrap, f"Kafka at {self.bootstrap}: {err.str()}"))
         p, offset = position(msg)
         load, finished = self.progress.read(p, offset, at_end=err is not None)
         if load:
@@ -441,9 +442,12 @@ class _Membership:
             return False
         if not continuous:
             raise PinError(
-                f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
-                f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
-                "batches are committed, the next run resumes from there"
+                failure(
+                    self.bootstrap,
+                    f"Kafka at {self.bootstrap}: group {self.options.group} assigned no "
+                    f"partitions within {JOIN_TIMEOUT:g}s (coordinator unavailable?); stored "
+                    "batches are committed, the next run resumes from there",
+                )
             )
         self._rejoin()
         return True

@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_pipelines.config import DEAD_PEER_SECONDS
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import while_settling
+from pin_pipelines.kafka import client_config, while_settling
+from pin_pipelines.kafka_properties import failure
 
 log = logging.getLogger("pin_pipelines.devstats")
 
@@ -41,7 +42,7 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
     partitions explicitly (they never join the group), the loader subscribes."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": group,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -74,12 +75,12 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             # and the group went on without it meanwhile (issue 24).
             "socket.timeout.ms": DEAD_PEER_SECONDS * 1000,
             "socket.keepalive.enable": True,
-            "log_level": 0,  # connection errors surface as PinError, not librdkafka's stderr lines
         }
     )
     with kafka_errors(bootstrap):
         try:
-            yield consumer
+            with kafka_errors(bootstrap, consumer):  # its cause is read before it is closed
+                yield consumer
         except BaseException:
             with suppress(PinError, KafkaException):  # the error in flight says more
                 _close(consumer, bootstrap)
@@ -277,9 +278,11 @@ def unloaded_ranges(
 
 
 @contextmanager
-def kafka_errors(bootstrap: str) -> Iterator[None]:
-    """librdkafka's exceptions (broker down, timeouts) as one-line PinErrors."""
+def kafka_errors(bootstrap: str, client: Consumer | None = None) -> Iterator[None]:
+    """librdkafka's exceptions (broker down, timeouts) as one-line PinErrors, naming the cause
+    `client` was told of (a wrong password, an untrusted certificate) when there is one."""
     try:
         yield
     except KafkaException as exc:
-        raise PinError(f"Kafka at {bootstrap}: {exc.args[0].str()}") from exc
+        detail = f"Kafka at {bootstrap}: {exc.args[0].str()}"
+        raise PinError(failure(bootstrap, detail, client)) from exc

@@ -17,6 +17,7 @@ from confluent_kafka.admin import OffsetSpec
 from pin_pipelines.db import fetch_all, fetch_one, queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import admin
+from pin_pipelines.kafka_properties import failure
 
 Q: Any = queries("outbox")
 
@@ -77,7 +78,11 @@ def topic_end_offsets(
             for tp, future in client.list_offsets(wanted, request_timeout=timeout).items():
                 ends[tp.topic][tp.partition] = future.result(timeout=timeout).offset
     except KafkaException as exc:
-        raise PinError(f"Kafka at {bootstrap} is unreachable: {exc.args[0]}") from exc
+        raise PinError(
+            failure(bootstrap, f"Kafka at {bootstrap} is unreachable: {exc.args[0]}", client)
+        ) from exc
     except concurrent.futures.TimeoutError as exc:  # a result not in within the request timeout
-        raise PinError(f"Kafka at {bootstrap} did not answer within {timeout:g}s") from exc
+        raise PinError(
+            failure(bootstrap, f"Kafka at {bootstrap} did not answer within {timeout:g}s", client)
+        ) from exc
     return ends

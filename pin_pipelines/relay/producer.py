@@ -17,7 +17,6 @@ relay only needs the exceptions.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import QUIET_CLIENT
-from pin_pipelines.logs import log_event
+from pin_pipelines.kafka import client_config
+from pin_pipelines.kafka_properties import failure
 
 #: Key + value bytes above which an event is dead-lettered before it is sent. Below the broker's
 #: default `message.max.bytes` (1 MiB + 12) with room for the record and batch headers.
@@ -58,14 +57,12 @@ ABORT_TIMEOUT = 5.0
 #: mid-transaction when no new relay starts (a new one aborts the transaction at once).
 TRANSACTION_MARGIN = 60.0
 
-log = logging.getLogger("pin_pipelines.relay")
-
 
 def producer_config(bootstrap: str, delivery_timeout: float) -> dict[str, Any]:
     """The relay's producer settings, less the transaction and the failure reports (also
     bench/bench_relay.py's same-settings baseline)."""
     return {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         # Implied by transactions; said here because the order per key rests on it.
         "enable.idempotence": True,
         "acks": "all",
@@ -115,10 +112,6 @@ class Sender:
                 "transaction.timeout.ms": int((delivery_timeout + TRANSACTION_MARGIN) * 1000),
                 "delivery.report.only.error": True,
                 "on_delivery": self._delivery_failed,
-                "error_cb": _log_client_error,
-                # librdkafka would print every refused connection on stderr; errors reach the
-                # caller through the failure reports and exceptions instead.
-                **QUIET_CLIENT,
             }
         )
         try:
@@ -128,8 +121,12 @@ class Sender:
             self.producer.init_transactions(self.timeout)
         except KafkaException as exc:
             raise PinError(
-                f"Kafka at {bootstrap} did not start the relay's transactional producer"
-                f" ({transactional_id}) within {self.timeout:g}s: {_describe(exc)}"
+                failure(
+                    bootstrap,
+                    f"Kafka at {bootstrap} did not start the relay's transactional producer"
+                    f" ({transactional_id}) within {self.timeout:g}s: {_describe(exc)}",
+                    self.producer,
+                )
             ) from exc
 
     def begin(self) -> None:
@@ -275,7 +272,3 @@ class Sender:
 def _describe(exc: KafkaException) -> str:
     error = exc.args[0]
     return error.str() if isinstance(error, KafkaError) else str(error)
-
-
-def _log_client_error(err: Any) -> None:
-    log_event(log, "kafka_client_error", level=logging.DEBUG, error=str(err))

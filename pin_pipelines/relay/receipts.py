@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import QUIET_CLIENT, TOPIC_RELAY_COMMITS
+from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, client_config
+from pin_pipelines.kafka_properties import failure
 
 #: The receipts' only partition: the last receipt written is the last message.
 RECEIPT_PARTITION = 0
@@ -56,7 +57,7 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": "pin-outbox-relay-recovery",  # never joined nor committed: assign() only
             "enable.auto.commit": False,
             # Receipts of aborted transactions are not receipts: their events were never visible.
@@ -65,8 +66,6 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
             # handed out, so "the last message's offset + 1 = the high watermark" never holds.
             "enable.partition.eof": True,
             "fetch.wait.max.ms": 10,  # at the end, the broker answers at once rather than in 0.5 s
-            "error_cb": lambda _err: None,  # a broker that is down shows as the timeout below
-            **QUIET_CLIENT,
         }
     )
     deadline = time.monotonic() + timeout
@@ -81,8 +80,12 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
             found = _last_with_key(consumer, key, low, deadline)
     except (KafkaException, TimeoutError) as exc:
         raise PinError(
-            f"Kafka at {bootstrap} did not answer the relay's receipt lookup on"
-            f" {TOPIC_RELAY_COMMITS} within {timeout:g}s: {exc.args[0] if exc.args else exc!r}"
+            failure(
+                bootstrap,
+                f"Kafka at {bootstrap} did not answer the relay's receipt lookup on"
+                f" {TOPIC_RELAY_COMMITS} within {timeout:g}s: {exc.args[0] if exc.args else exc!r}",
+                consumer,
+            )
         ) from exc
     finally:
         consumer.close()

@@ -61,14 +61,26 @@ SINGLE_NODE_CONFIG = (
 
 
 @dataclass(frozen=True)
+class Listener:
+    """A client listener besides the PLAINTEXT one (a secured broker's, stack/secure_kafka.py):
+    its name, security protocol (SSL, SASL_SSL, ...) and port."""
+
+    name: str
+    protocol: str
+    port: int
+
+
+@dataclass(frozen=True)
 class KafkaNode:
-    """One KRaft process (broker and controller) with its files under `home`."""
+    """One KRaft process (broker and controller) with its files under `home`. Its PLAINTEXT
+    listener (`port`) is the inter-broker one; `listeners` are more, for clients."""
 
     home: Path
     libs: Path
     node_id: int
     port: int
     controller_port: int
+    listeners: tuple[Listener, ...] = ()
 
     @property
     def pidfile(self) -> Path:
@@ -82,14 +94,23 @@ class KafkaNode:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, *, voters: str, cluster_id: str, config: str, heap: str) -> tuple[int, bool]:
-        """Write its config, format its storage once, start it unless it runs; returns the pid
-        and whether it was started now."""
+    def start(
+        self,
+        *,
+        voters: str,
+        cluster_id: str,
+        config: str,
+        heap: str,
+        format_args: tuple[str, ...] = (),
+    ) -> tuple[int, bool]:
+        """Write its config, format its storage once (with `format_args`, e.g. the SCRAM users
+        of `--add-scram`), start it unless it runs; returns the pid and whether it was started
+        now."""
         pid = read_pid(self.pidfile)
         if pid is not None:
             return pid, False
         properties = self._write_config(voters, config)
-        self._format(properties, cluster_id)
+        self._format(properties, cluster_id, format_args)
         pid = start_detached(
             [
                 java(),
@@ -111,16 +132,18 @@ class KafkaNode:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "log4j2.yaml").write_text(LOG4J2.format(logfile=self.logfile))
         properties = self.home / "server.properties"
+        more = "".join(f",{x.name}://127.0.0.1:{x.port}" for x in self.listeners)
+        protocols = "".join(f",{x.name}:{x.protocol}" for x in self.listeners)
         properties.write_text(
             "# Written by `pin stack up`; edits are overwritten.\n"
             "process.roles=broker,controller\n"
             f"node.id={self.node_id}\n"
             f"controller.quorum.voters={voters}\n"
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
-            f"CONTROLLER://127.0.0.1:{self.controller_port}\n"
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}{more}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}{more}\n"
             "controller.listener.names=CONTROLLER\n"
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT{protocols}\n"
             "inter.broker.listener.name=PLAINTEXT\n"
             f"log.dirs={self.home / 'data'}\n"
             "group.initial.rebalance.delay.ms=0\n"
@@ -128,7 +151,7 @@ class KafkaNode:
         )
         return properties
 
-    def _format(self, properties: Path, cluster_id: str) -> None:
+    def _format(self, properties: Path, cluster_id: str, more: tuple[str, ...]) -> None:
         if (self.home / "data" / "meta.properties").exists():
             return
         result = subprocess.run(
@@ -142,6 +165,7 @@ class KafkaNode:
                 cluster_id,
                 "-c",
                 str(properties),
+                *more,
             ],
             capture_output=True,
             text=True,

@@ -12,6 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from pin_pipelines.clickhouse import ClickHouse
+from pin_pipelines.kafka import client_config
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -53,7 +54,7 @@ def produce(
     partition: int | None = None,
 ) -> None:
     """Produce (key, value) pairs in order; with `partition`, all to that partition."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = Producer({**client_config(bootstrap), "enable.idempotence": True})
     for key, value in messages:
         if partition is None:
             producer.produce(topic, key=key, value=value)
@@ -78,7 +79,7 @@ def read_all(bootstrap: str, topic: str) -> list[Received]:
     """Every message of `topic` so far, in partition then offset order."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"reader-{uuid.uuid4().hex}",
             "enable.partition.eof": True,
             "enable.auto.commit": False,
@@ -116,7 +117,7 @@ def _headers(msg: Message) -> dict[str, str]:
 
 def committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
     """The group's committed offset per partition (-1001 where it has none)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    consumer = Consumer({**client_config(bootstrap), "group.id": group})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)

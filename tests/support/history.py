@@ -40,6 +40,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
+from pin_pipelines.kafka import client_config
 from pin_pipelines.relay import topic_end_offsets
 
 #: Examples of each anomaly in a summary.
@@ -297,7 +298,7 @@ def _read(message: Message, at: float) -> Read:
 def _consumer(bootstrap: str, **extra: Any) -> Consumer:
     return Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"test-history-{uuid.uuid4()}",  # never joined: assign() only
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
