@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -48,9 +49,17 @@ def cmd_stack(args: argparse.Namespace, settings: Settings) -> None:
         clickhouse_server_too=args.clickhouse_server,
         clickhouse_cluster=args.clickhouse_cluster,
         kafka_brokers=args.kafka_brokers,
+        secure=args.secure,
     )
     for result in results:
         print(services.describe(result), file=sys.stderr)
+    if args.secure and args.action == "up":
+        # The settings to export (file paths and names only: the secrets stay in their files).
+        exports = services.SecuredEstate(settings).exports()
+        for name, value in exports.items():
+            print(f"export {name}={shlex.quote(value)}")
+        _summary({"services": results, "settings": exports})
+        return
     _summary({"services": results})
 
 
@@ -231,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="a local KRaft cluster of N Kafka nodes on PIN_KAFKA_BOOTSTRAP's port + 0, 2, 4, … "
         "(default: the single broker, or the cluster that runs)",
+    )
+    stack.add_argument(
+        "--secure",
+        action="store_true",
+        help="a secured estate beside the plain stack: TLS and passwords for PostgreSQL (SCRAM), "
+        "Kafka (SASL_SSL) and ClickHouse (TLS port, writer and reader); `up` prints the "
+        "settings to export",
     )
     stack.set_defaults(handler=cmd_stack)
 

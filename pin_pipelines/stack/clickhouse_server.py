@@ -128,6 +128,7 @@ class LocalClickHouseServer:
         folder: str = SERVICE,
         extra_config: str = "",
         tls_port: int | None = None,
+        ca: LocalCA | None = None,
     ) -> None:
         self.address = address
         self.tls_port = tls_port
@@ -137,7 +138,8 @@ class LocalClickHouseServer:
         self.pidfile = self.root / "clickhouse-server.pid"
         self.stdout_log = self.root / "stdout.log"
         self.error_log = self.root / "server.err.log"
-        self.ca = LocalCA(self.root / "tls")
+        #: Its own CA unless given the estate's (`pin stack up --secure`: one CA for all).
+        self.ca = ca or LocalCA(self.root / "tls")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalClickHouseServer | None:

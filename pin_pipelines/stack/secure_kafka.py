@@ -60,10 +60,11 @@ _PLAINTEXT = {"security.protocol": "PLAINTEXT"}
 class SecureKafka:
     """One secured KRaft node under `folder`; `libs` may be the jars of another broker."""
 
-    def __init__(self, folder: Path, libs: Path | None = None) -> None:
+    def __init__(self, folder: Path, libs: Path | None = None, ca: LocalCA | None = None) -> None:
         self.folder = folder
         self.libs = libs or folder / f"libs-{KAFKA_VERSION}"
-        self.ca = LocalCA(folder / "tls")
+        #: Its own CA unless given the estate's (`pin stack up --secure`: one CA for all).
+        self.ca = ca or LocalCA(folder / "tls")
         self.clients = folder / "clients"
 
     # -- the node ------------------------------------------------------------------------------

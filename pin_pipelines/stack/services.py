@@ -12,6 +12,7 @@ from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.postgres import LocalPostgres
+from pin_pipelines.stack.secure import SecuredEstate
 
 Result = dict[str, Any]
 
@@ -63,7 +64,10 @@ def up(
     clickhouse_server_too: bool = False,
     clickhouse_cluster: bool = False,
     kafka_brokers: int | None = None,
+    secure: bool = False,
 ) -> list[Result]:
+    if secure:  # an estate of its own, beside the plain stack (stack/secure.py)
+        return SecuredEstate(settings).up()
     results = [LocalPostgres(settings).up(), *_kafka_up(settings, kafka_brokers)]
     if _wants_server(settings, clickhouse_server_too):
         results.append(clickhouse_server(settings).up())
@@ -78,11 +82,13 @@ def down(
     clickhouse_server_too: bool = False,
     clickhouse_cluster: bool = False,
     kafka_brokers: int | None = None,
+    secure: bool = False,
 ) -> list[Result]:
     # Down stops whatever runs, flags or not: a server left behind would hold its port.
     cluster = LocalClickHouseCluster.from_settings(settings)
     results = cluster.down() if clickhouse_cluster or cluster.is_running() else []
     return [
+        *SecuredEstate(settings).down(),
         *results,
         clickhouse_server(settings).down(),
         *LocalKafkaCluster(settings).down(),
@@ -97,6 +103,20 @@ def status(
     clickhouse_server_too: bool = False,
     clickhouse_cluster: bool = False,
     kafka_brokers: int | None = None,
+    secure: bool = False,
+) -> list[Result]:
+    estate = SecuredEstate(settings)
+    if secure:
+        return estate.status()
+    plain = _plain_status(settings, clickhouse_server_too, clickhouse_cluster, kafka_brokers)
+    return [*plain, *estate.status()] if estate.is_running() else plain
+
+
+def _plain_status(
+    settings: Settings,
+    clickhouse_server_too: bool,
+    clickhouse_cluster: bool,
+    kafka_brokers: int | None,
 ) -> list[Result]:
     kafka = _kafka_cluster(settings, kafka_brokers)
     results = [
