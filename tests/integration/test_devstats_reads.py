@@ -20,8 +20,12 @@ from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickh
 from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
 from tests.integration.clickhouse_fixtures import server_url
+from tests.support.api import api_client
 from tests.support.cli import run_pin, summary
 from tests.support.devstats import BASE_TIME, Group, physical_rows
+from tests.support.idp import IdentityProvider
+
+GROUPS, LABELS = "/v1/layout-groups", "/v1/layout-groups/labels"
 
 TABLE = "pin_dev_stats.dim_layout_group"
 
@@ -130,7 +134,7 @@ def test_cli_labels_take_a_project_id(clickhouse_server_url: str) -> None:
 
 
 @pytest.fixture(params=["embedded", "server"])
-def unmerged(request: pytest.FixtureRequest) -> Iterator[ClickHouse]:
+def unmerged_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A migrated dimension whose background merges are stopped while the test runs, so two
     rows of one group stay two rows while it reads them (a merge would keep one and hide the
     tie): the session's embedded engine, or a private Debian 18.16 server (the shared server's
@@ -143,9 +147,15 @@ def unmerged(request: pytest.FixtureRequest) -> Iterator[ClickHouse]:
         migrate_clickhouse(ch)
         ch.command(f"SYSTEM STOP MERGES {TABLE}")
         try:
-            yield ch
+            yield url
         finally:
             ch.command(f"SYSTEM START MERGES {TABLE}")
+
+
+@pytest.fixture
+def unmerged(unmerged_url: str) -> Iterator[ClickHouse]:
+    with open_clickhouse(unmerged_url) as ch:
+        yield ch
 
 
 @pytest.mark.parametrize("order", [(1, 2), (2, 1)], ids=["loader-order", "reversed"])
@@ -193,4 +203,56 @@ def test_the_higher_source_version_wins_a_tie_in_every_read(
     assert current == [(group.id, group.project_id, group.developer_id, "Студии v2", 2, 1, 2)]
     assert stored_versions(unmerged, [group.id]) == {group.id.int: 2}
     # Both rows were there for every read above (merges are stopped): the tie was real.
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+
+
+# --- scope after a move -----------------------------------------------------------------------
+
+
+def test_a_group_moved_to_another_developer_is_only_the_new_ones_before_any_merge(
+    unmerged_url: str, unmerged: ClickHouse
+) -> None:
+    """Spec 003, scope: only rows with DeveloperId = actor, on the group's CURRENT row. Tried: a
+    group loaded for developer A (version 1), then version 2 for developer B, merges stopped (no
+    OPTIMIZE: both rows stay stored). A gets the id back as its label and no group in its list;
+    B gets the name and the group, through the dimension's reads, the read API (labels with and
+    without the project, the project's list) and, on the 18.16 server, `pin devstats labels`.
+    Broken on purpose: with the developer filtered on raw rows again (`WHERE DeveloperId =`,
+    as before), A's read found its old row alone and got "Студии v1" back, on both engines."""
+    developer_a, developer_b = uuid.uuid4(), uuid.uuid4()
+    group = Group(developer_a)
+    store(unmerged, group, 1)
+    store(unmerged, group, 2, TenantId=str(developer_b))
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+    gid = str(group.id)
+
+    for project in (None, group.project_id):
+        assert labels(unmerged, developer_a, [group.id], project) == {gid: gid}
+        assert labels(unmerged, developer_b, [group.id], project) == {gid: "Студии v2"}
+        assert groups(unmerged, developer_a, project) == []
+        assert [g.layout_group_id for g in groups(unmerged, developer_b, project)] == [group.id]
+
+    with IdentityProvider() as idp, api_client(unmerged_url, idp) as api:
+
+        def answer(developer: uuid.UUID, path: str, **params: str) -> Any:
+            got = api.get(
+                path, params=params, headers={"Authorization": f"Bearer {idp.token(developer)}"}
+            )
+            assert got.status_code == 200, got.text
+            return got.json()
+
+        in_project = {"projectId": str(group.project_id)}
+        for query in ({}, in_project):
+            assert answer(developer_a, LABELS, ids=gid, **query) == {"labels": {gid: gid}}
+            assert answer(developer_b, LABELS, ids=gid, **query) == {"labels": {gid: "Студии v2"}}
+        assert answer(developer_a, GROUPS, **in_project) == {"groups": []}
+        assert [g["id"] for g in answer(developer_b, GROUPS, **in_project)["groups"]] == [gid]
+
+    if not unmerged_url.startswith("chdb:"):  # a subprocess cannot share the embedded folder
+        env = {"PIN_CLICKHOUSE_URL": unmerged_url}
+        for developer, label in ((developer_a, gid), (developer_b, "Студии v2")):
+            cli = run_pin(
+                "devstats", "labels", "--developer-id", str(developer), "--ids", gid, env=env
+            )
+            assert summary(cli) == {gid: label}
     assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
