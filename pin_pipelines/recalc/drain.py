@@ -20,7 +20,7 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
-from pin_pipelines.db import connection, fetch_all, queries
+from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.recalc.counters import ENTITIES, record_tick
@@ -99,6 +99,9 @@ class TickSummary:
     due_at_start: int = 0
     results: list[ProjectResult] = field(default_factory=list)
     poisoned: int = 0
+    #: Rows this tick made poison (a failed run, or an abandoned attempt settled, reaching
+    #: poison_attempts): each logged once, at ERROR, as CHESSBOARD_RECALC_POISON.
+    newly_poisoned: list[UUID] = field(default_factory=list)
     stopped_early: bool = False
 
     def count(self, outcome: Outcome) -> int:
@@ -115,6 +118,7 @@ class TickSummary:
         self.correlation_id = later.correlation_id
         self.results.extend(later.results)
         self.poisoned = later.poisoned
+        self.newly_poisoned.extend(later.newly_poisoned)
         self.stopped_early = self.stopped_early or later.stopped_early
 
     def as_dict(self) -> dict[str, Any]:
@@ -206,10 +210,11 @@ def tick_on(
     with tracer().start_as_current_span(
         "recalc.tick", attributes={"correlationId": summary.correlation_id}
     ):
+        settings = fetch_one(Q.tick_settings, conn, _TickSettings)
         if batch_size is None:
-            configured = Q.batch_size(conn)
-            batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
-        _settle_abandoned_claims(conn, summary.correlation_id)
+            batch_size = DEFAULT_BATCH_SIZE if settings is None else settings.batch_size
+        poison_at = None if settings is None else settings.poison_attempts
+        poisoning = _settle_abandoned_claims(conn, summary.correlation_id, poison_at)
         summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
         # every second, and those lines were most of its compute log (issue 15).
@@ -224,6 +229,12 @@ def tick_on(
         )
         with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as call_running:
             _run_batch(conn, summary, batch_size, budget, call_running)
+        poisoning += [
+            _Poisoning(r.project_id, r.attempt_count, r.error)
+            for r in summary.results
+            if r.outcome == "failed" and _poisons(r.attempt_count, poison_at)
+        ]
+        summary.newly_poisoned = [p.project_id for p in poisoning]
         summary.poisoned = int(Q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
     totals = summary.as_dict()
@@ -247,15 +258,43 @@ def tick_on(
         },
         duration_seconds=round(time.perf_counter() - started, 6),
     )
-    if summary.poisoned:
+    # Once per row, when it becomes poison: the gauge and its alert say it is still there (a
+    # line on every tick while a row waited for triage was the same news again and again).
+    for poisoned in poisoning:
         log_event(
             log,
             "CHESSBOARD_RECALC_POISON",
             level=logging.ERROR,
             correlation_id=summary.correlation_id,
+            project_id=str(poisoned.project_id),
+            attempt_count=poisoned.attempt_count,
+            error=poisoned.error,
             poisoned=summary.poisoned,
         )
     return summary
+
+
+@dataclass(frozen=True)
+class _TickSettings:
+    """The queue settings a tick reads (tick_settings)."""
+
+    batch_size: int
+    poison_attempts: int
+
+
+@dataclass(frozen=True)
+class _Poisoning:
+    """A row this tick made poison: its failed runs and the last one's error."""
+
+    project_id: UUID
+    attempt_count: int | None
+    error: str | None
+
+
+def _poisons(failed_runs: int | None, poison_at: int | None) -> bool:
+    """Whether a row's failed runs, counted just now, make it poison. A claimed row had fewer
+    than poison_attempts (poison rows are never claimed), so this is the run that crossed."""
+    return failed_runs is not None and poison_at is not None and failed_runs >= poison_at
 
 
 @dataclass(frozen=True)
@@ -267,8 +306,12 @@ class _AbandonedClaim:
     last_error: str
 
 
-def _settle_abandoned_claims(conn: psycopg.Connection, correlation_id: str) -> None:
-    """Count the attempts of drains that died inside them as the failed runs they were."""
+def _settle_abandoned_claims(
+    conn: psycopg.Connection, correlation_id: str, poison_at: int | None
+) -> list[_Poisoning]:
+    """Count the attempts of drains that died inside them as the failed runs they were; the
+    rows this made poison are returned."""
+    poisoning = []
     for claim in fetch_all(Q.settle_abandoned_claims, conn, _AbandonedClaim):
         log_event(
             log,
@@ -279,6 +322,9 @@ def _settle_abandoned_claims(conn: psycopg.Connection, correlation_id: str) -> N
             attempt_count=claim.attempt_count,
             error=claim.last_error,
         )
+        if _poisons(claim.attempt_count, poison_at):
+            poisoning.append(_Poisoning(claim.project_id, claim.attempt_count, claim.last_error))
+    return poisoning
 
 
 @dataclass(frozen=True)
@@ -527,7 +573,9 @@ class DrainRunSummary:
         if not self.ticks:
             return TickSummary(correlation_id="")
         first, *later = self.ticks
-        total = replace(first, results=list(first.results))
+        total = replace(
+            first, results=list(first.results), newly_poisoned=list(first.newly_poisoned)
+        )
         for tick in later:
             total.merge(tick)
         return total
@@ -547,6 +595,11 @@ class DrainRunSummary:
     @property
     def poisoned(self) -> int:
         return self.ticks[-1].poisoned if self.ticks else 0
+
+    @property
+    def newly_poisoned(self) -> list[UUID]:
+        """The rows the run's ticks made poison, in order."""
+        return [project for tick in self.ticks for project in tick.newly_poisoned]
 
 
 def seconds_until_next_due(dsn: str, *, beat_as: str | None = None) -> float | None:

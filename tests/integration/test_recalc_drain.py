@@ -147,13 +147,13 @@ def _tick_lines(
     """Asserts that `lines` start with exactly the lines of `tick`, whole (every key of every
     line, and its level), and returns the lines after them. `queue` is the queue before the tick:
     the claimed rows' tenant, reason, attempts and wait; `due` the rows due at its start."""
-    n = 2 + len(tick.results) + (1 if tick.poisoned else 0)
+    n = 2 + len(tick.results) + len(tick.newly_poisoned)
     mine, rest = lines[:n], lines[n:]
     assert [line["event"] for _, line in mine] == [
         "recalc_batch_started",
         *(OUTCOME_LINES[r.outcome][0] for r in tick.results),
         "recalc_batch_finished",
-        *(["CHESSBOARD_RECALC_POISON"] if tick.poisoned else []),
+        *(["CHESSBOARD_RECALC_POISON"] * len(tick.newly_poisoned)),
     ]
     for _, line in mine:
         assert line["correlation_id"] == tick.correlation_id, line
@@ -209,13 +209,18 @@ def _tick_lines(
     assert sum(r.duration_seconds for r in tick.results) <= finished_seconds + 1e-3
     assert 0 < finished_seconds < 30  # spec 000: a tick takes < 30 s
     assert finished_level == (logging.INFO if tick.results else started_level)
-    if tick.poisoned:
-        level, poison = mine[-1]
+    failures = {r.project_id: r for r in tick.results if r.outcome == "failed"}
+    for (level, poison), project in zip(
+        mine[2 + len(tick.results) :], tick.newly_poisoned, strict=True
+    ):
         assert level == logging.ERROR
         assert poison == {
             "ts": poison["ts"],
             "event": "CHESSBOARD_RECALC_POISON",
             "correlation_id": tick.correlation_id,
+            "project_id": str(project),
+            "attempt_count": failures[project].attempt_count,
+            "error": failures[project].error,
             "poisoned": tick.poisoned,
         }
     return rest
@@ -574,7 +579,10 @@ def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn, ca
     is still processed, the tick and `pin recalc drain --once` report poisoned 1;
     requeue_poisoned resets attempt_count/last_error, makes it due now, and it then drains.
     Each failure logs its attempt_count (1 to 5); the fifth tick adds CHESSBOARD_RECALC_POISON
-    (poisoned 1) at ERROR."""
+    (the project, its failed runs and error, poisoned 1) at ERROR, once: the ticks after it
+    (in process, and `pin recalc drain --once`) report poisoned 1 but log no poison line again
+    (the alert keeps firing on the gauge). Tried: the line logged on every tick with a poisoned
+    row again (as before): the later ticks' lines fail this test."""
     set_settings(db, retry_interval="0 seconds")
     tree = _populated_project(db)
     make_all_due(db)
@@ -592,9 +600,15 @@ def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn, ca
             assert queue_row(db, tree["project"])["attempt_count"] == attempt
         assert tick.poisoned == 1
 
+        assert tick.newly_poisoned == [tree["project"]]
+
         other = _populated_project(db)
         make_all_due(db)
-        tick = drain_tick(pg_dsn)
+        queue = _queue(db)
+        with _drain_log(caplog) as lines:
+            tick = drain_tick(pg_dsn)
+        assert _tick_lines(lines, tick, queue, due=1) == []  # no poison line
+        assert tick.newly_poisoned == []
         assert [r.project_id for r in tick.results] == [other["project"]]
         assert tick.processed == 1
         assert tick.poisoned == 1
@@ -605,7 +619,7 @@ def test_row_failing_five_times_is_poisoned_and_requeue_resets_it(db, pg_dsn, ca
         assert proc.returncode == 0, stderr
         summary = last_json_line(stdout)
         assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 1)
-        assert "CHESSBOARD_RECALC_POISON" in stderr
+        assert "CHESSBOARD_RECALC_POISON" not in stderr
 
     row = queue_row(db, tree["project"])
     assert row["attempt_count"] == 5 and "bad data" in row["last_error"]

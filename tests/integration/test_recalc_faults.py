@@ -160,6 +160,8 @@ def test_a_project_that_kills_its_drain_is_poisoned_after_five_abandoned_attempt
     summary = last_json_line(stdout)
     assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 1)
     assert queue_row(db, project)["attempt_count"] == 5
+    # The sixth drain settled the fifth attempt, which made the row poison: logged once, there.
+    assert stderr.count('"event": "CHESSBOARD_RECALC_POISON"') == 1, stderr
 
     requeue = start_pin(pg_dsn, "recalc", "requeue", "--project-id", str(project))
     assert requeue.communicate(timeout=60) and requeue.returncode == 0
