@@ -1,6 +1,9 @@
-"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and attempts
-counted when a row is claimed, so a project that kills its worker is parked as poison while a
-drain that is only stopped (SIGTERM) counts nothing. Real `pin` processes, real signals."""
+"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and
+attempt_count as the failed runs: a failure, a statement timeout, or an attempt whose drain died
+inside it (claimed_at left behind, counted by the next tick) counts one, so a project that kills
+its worker is parked as poison, while a drain that is only stopped (SIGTERM) counts nothing and
+a lock wait defers without counting. A tick ends before its 30 s limit. Real `pin` processes,
+real signals."""
 
 from __future__ import annotations
 
