@@ -9,6 +9,7 @@ does; the groups are fresh UUIDs, so the shared server's table needs no cleaning
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -17,9 +18,11 @@ from typing import Any
 import pytest
 
 from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickhouse
+from pin_pipelines.clickhouse.url import ServerAddress, parse_clickhouse_url
 from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
 from tests.integration.clickhouse_fixtures import server_url
+from tests.support.answer_cutter import AnswerCutter
 from tests.support.api import api_client
 from tests.support.cli import run_pin, summary
 from tests.support.devstats import BASE_TIME, Group, physical_rows
@@ -256,3 +259,61 @@ def test_a_group_moved_to_another_developer_is_only_the_new_ones_before_any_merg
             )
             assert summary(cli) == {gid: label}
     assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+
+
+# --- no FINAL online -------------------------------------------------------------------------
+
+
+def test_no_online_read_sends_final(clickhouse_server_url: str) -> None:
+    """Spec 003: FINAL is forbidden online. Tried: every online read as it goes over the wire to
+    the 18.16 server, through a loopback relay that keeps what the clients send (a query's text
+    travels as it is): the dimension's reads (labels and groups, with and without a project),
+    the read API (its start and /healthz, labels, the project's list) and `pin devstats labels`
+    in a process of its own. Each sent the dimension's name (the reads were captured) and none
+    the word FINAL. Broken on purpose: `FINAL` added after the table of the labels query; the
+    test failed with "reads sent FINAL"."""
+    group = Group()
+    with open_clickhouse(clickhouse_server_url) as ch:
+        store(ch, group, 1)
+    server = parse_clickhouse_url(clickhouse_server_url)
+    assert isinstance(server, ServerAddress)
+    relay = AnswerCutter(server.port)
+    try:
+        url = clickhouse_server_url.replace(f":{server.port}/", f":{relay.port}/")
+
+        def sent_since(mark: int) -> str:
+            text = bytes(relay.sent[mark:]).decode("utf-8", "replace")
+            assert TABLE in text, "nothing of the reads was captured"
+            return text
+
+        with open_clickhouse(url) as ch:
+            for project in (None, group.project_id):
+                labels(ch, group.developer_id, [group.id], project)
+                groups(ch, group.developer_id, project)
+        phases = {"reads": sent_since(0)}
+        mark = len(relay.sent)
+        with IdentityProvider() as idp, api_client(url, idp) as api:
+            token = {"Authorization": f"Bearer {idp.token(group.developer_id)}"}
+            for path, params in (
+                ("/healthz", {}),
+                (LABELS, {"ids": str(group.id)}),
+                (GROUPS, {"projectId": str(group.project_id)}),
+            ):
+                assert api.get(path, params=params, headers=token).status_code == 200
+        phases["read API"] = sent_since(mark)
+        mark = len(relay.sent)
+        cli = run_pin(
+            "devstats",
+            "labels",
+            "--developer-id",
+            str(group.developer_id),
+            "--ids",
+            str(group.id),
+            env={"PIN_CLICKHOUSE_URL": url},
+        )
+        assert summary(cli) == {str(group.id): "Студии v1"}
+        phases["pin devstats labels"] = sent_since(mark)
+    finally:
+        relay.close()
+    for phase, text in phases.items():
+        assert not re.search(r"\bFINAL\b", text, re.IGNORECASE), f"{phase} sent FINAL"
