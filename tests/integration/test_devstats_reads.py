@@ -21,7 +21,7 @@ from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickh
 from pin_pipelines.clickhouse.url import ServerAddress, parse_clickhouse_url
 from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
-from tests.integration.clickhouse_fixtures import server_url
+from tests.integration.clickhouse_fixtures import optimize_dimension, server_url
 from tests.support.answer_cutter import AnswerCutter
 from tests.support.api import api_client
 from tests.support.cli import run_pin, summary
@@ -207,6 +207,41 @@ def test_the_higher_source_version_wins_a_tie_in_every_read(
     assert stored_versions(unmerged, [group.id]) == {group.id.int: 2}
     # Both rows were there for every read above (merges are stopped): the tie was real.
     assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+
+
+def test_the_latest_upserted_at_wins_before_and_after_a_merge_whatever_the_versions(
+    unmerged: ClickHouse,
+) -> None:
+    """Spec 003: ReplacingMergeTree(UpsertedAt), max UpsertedAt wins (INV-DIM-LG-4); the
+    reads must answer what the engine keeps. Tried: version 1 stamped 10 s after BASE_TIME and
+    version 2 stamped 5 s after it (a producer's clock stepped back), stored in version order
+    as the loader stores them, merges stopped. Before a merge both rows are stored and every
+    read answers version 1 (the later UpsertedAt); after OPTIMIZE TABLE … FINAL (here only: no
+    online read uses FINAL) the engine has kept version 1 alone and the reads answer the same.
+    On both engines. Broken on purpose: the reads' argMax by (SourceVersion, UpsertedAt): they
+    answered version 2 before the merge, failing this test (and disagreed with the merge)."""
+    group = Group()
+    store(unmerged, group, 1, CreatedAt=iso(BASE_TIME + timedelta(seconds=10)))
+    store(unmerged, group, 2, CreatedAt=iso(BASE_TIME + timedelta(seconds=5)))
+
+    def answers() -> tuple[dict[str, str], list[tuple[str, int]], list[tuple[object, ...]]]:
+        return (
+            labels(unmerged, group.developer_id, [group.id], group.project_id),
+            [(g.name, g.source_version) for g in groups(unmerged, group.developer_id)],
+            [r for r in unmerged.rows(QUERIES["current_rows"]) if r[0] == group.id],
+        )
+
+    expected = (
+        {str(group.id): "Студии v1"},
+        [("Студии v1", 1)],
+        [(group.id, group.project_id, group.developer_id, "Студии v1", 10, 0, 1)],
+    )
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+    assert answers() == expected
+    unmerged.command(f"SYSTEM START MERGES {TABLE}")
+    optimize_dimension(unmerged)
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1")]  # what the engine kept
+    assert answers() == expected
 
 
 # --- scope after a move -----------------------------------------------------------------------
