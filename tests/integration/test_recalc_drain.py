@@ -40,6 +40,7 @@ from tests.support.recalc import (
     outbox,
     queue_row,
     queued_projects,
+    server_edit,
     set_settings,
     start_pin,
 )
@@ -677,59 +678,36 @@ def test_archived_or_deleted_project_row_is_deleted_without_events(db, pg_dsn, s
 
 
 def test_request_arriving_during_a_recalc_is_not_lost(db, pg_dsn):
-    """One connection claims the due row with the drain's own claim (FOR UPDATE SKIP LOCKED)
-    and deletes it, like a drain mid-recalc; another connection's request_project_recalc
-    blocks on that row; after the first commits, the request has inserted a fresh row
-    (requested_count 1, first_requested_at after the claim)."""
+    """Spec 000: a request that arrives during the recalc inserts a new row. Tried with the
+    real drain (drain_tick): inside the project's work transaction, as it writes the project's
+    recomputed aggregates (before it deletes the queue row and commits), a test trigger sends
+    an API edit from another session (dblink): the object's price changed in a transaction
+    whose raiser then waits for the queue row the drain holds. Once the drain commits (the row
+    deleted), the raiser inserts a fresh row (requested_count 1, first_requested_at after the
+    tick started, the edit's reason); the next tick recalculates the new price and nothing is
+    left stale. Broken on purpose (migration 0016's lock_claimed_request without FOR UPDATE:
+    the claimed row not held through the work): the edit's upsert went through at once and
+    the drain's delete then took it away, so this test failed with "lost"."""
     project = make_project(db)
-    make_building(db, project)
+    building = make_building(db, project)
+    layout = make_layout(db, project, None, 40)
+    obj = make_object(db, project, building, layout, status="Free", price=100)
     make_all_due(db)
-    tenant = _row(db, "projects", project)["tenant_id"]
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    with psycopg.connect(pg_dsn) as drain_conn, psycopg.connect(pg_dsn, autocommit=True) as raiser:
-        with drain_conn.transaction():
-            claim = drain_conn.execute(
-                "SELECT project_id FROM chessboard.claim_due_request('{}')"
-            ).fetchone()
-            assert claim is not None and claim[0] == project
-            claimed_at = drain_conn.execute("SELECT now()").fetchone()[0]
-            drain_conn.execute(
-                "DELETE FROM chessboard.project_recalc_requests WHERE project_id = %s", (project,)
-            )  # the recalc's delete_request step
-
-            def request() -> None:
-                try:
-                    raiser.execute(
-                        "SELECT chessboard.request_project_recalc(%s, %s, 'TalentSync')",
-                        (project, tenant),
-                    )
-                except BaseException as exc:  # surfaced below
-                    errors.append(exc)
-                finally:
-                    done.set()
-
-            thread = threading.Thread(target=request)
-            thread.start()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                waiting = db.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                    (raiser.info.backend_pid,),
-                ).fetchone()[0]
-                if waiting == "Lock":
-                    break
-                time.sleep(0.02)
-            assert waiting == "Lock", "the request did not wait for the drain's row lock"
-            assert not done.is_set()
-        thread.join(timeout=10)
-    assert not errors, errors
+    started = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    edit = f"UPDATE chessboard.property_objects SET price = 250 WHERE id = '{obj}'"
+    with server_edit(db, pg_dsn, edit, on="UPDATE", when=f"NEW.id = '{project}'", table="projects"):
+        tick = drain_tick(pg_dsn)
+    assert [(r.project_id, r.outcome) for r in tick.results] == [(project, "recalculated")]
+    assert _row(db, "projects", project)["price_max"] == 100  # what the drain had read
     row = queue_row(db, project)
     assert row is not None, "the request that arrived during the recalc was lost"
     assert row["requested_count"] == 1
-    assert row["first_requested_at"] > claimed_at
-    assert row["last_reason"] == "TalentSync"
+    assert row["first_requested_at"] > started
+    assert row["last_reason"] == "PropertyObjectPriceChanged"
+    make_all_due(db)
+    assert drain_tick(pg_dsn).processed == 1
+    assert _row(db, "projects", project)["price_max"] == 250
+    assert drift(db) == {}
 
 
 def test_tick_takes_due_rows_oldest_first_up_to_the_batch_size(db, pg_dsn, caplog):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from uuid import UUID
 
 import psycopg
@@ -29,6 +27,7 @@ from pin_pipelines.recalc.drain import (
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.recalc import (
+    claim_hook,
     drain_until_empty,
     failing_recalc,
     last_json_line,
@@ -256,60 +255,13 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
         "BEGIN; SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
         f" FROM chessboard.projects WHERE id = '{first}'; SELECT pg_sleep(1.5); COMMIT;"
     )
-    db.execute("CREATE EXTENSION IF NOT EXISTS dblink")
-    try:
-        with claim_hook(db, first, pg_dsn, edit):
-            tick = drain_tick(pg_dsn)
-    finally:
-        db.execute("DROP EXTENSION dblink")
+    with claim_hook(db, first, pg_dsn, edit):
+        tick = drain_tick(pg_dsn)
     outcomes = {r.project_id: r.outcome for r in tick.results}
     assert outcomes == {first: "deferred", second: "recalculated"}, tick.as_dict()
     row = queue_row(db, first)
     assert row is not None and row["attempt_count"] == 0 and row["claimed_at"] is None, row
     assert queue_row(db, second) is None
-
-
-@contextmanager
-def claim_hook(conn: psycopg.Connection, project: UUID, dsn: str, edit: str) -> Iterator[None]:
-    """While inside: the first claim of `project` sends `edit` to another session (dblink) and
-    returns once that session waits for a lock (the claimed row's)."""
-    body = f"""
-        IF NEW.project_id <> '{project}' OR NEW.claimed_at IS NULL
-           OR OLD.claimed_at IS NOT NULL
-           OR 'claim_hook' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
-            RETURN NULL;
-        END IF;
-        PERFORM dblink_connect('claim_hook', {_literal(dsn)});
-        SELECT t.pid INTO v_pid FROM dblink('claim_hook', 'SELECT pg_backend_pid()') AS t(pid int);
-        PERFORM dblink_send_query('claim_hook', {_literal(edit)});
-        FOR i IN 1..500 LOOP
-            -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
-            PERFORM pg_stat_clear_snapshot();
-            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
-                              WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
-            PERFORM pg_sleep(0.01);
-        END LOOP;
-        RETURN NULL;
-    """
-    conn.execute(
-        f"""
-        CREATE FUNCTION chessboard.test_claim_hook() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        DECLARE v_pid int;
-        BEGIN {body} END $$;
-        CREATE TRIGGER test_claim_hook AFTER UPDATE ON chessboard.project_recalc_requests
-            FOR EACH ROW EXECUTE FUNCTION chessboard.test_claim_hook();
-        """
-    )
-    try:
-        yield
-    finally:
-        conn.execute("DROP TRIGGER test_claim_hook ON chessboard.project_recalc_requests")
-        conn.execute("DROP FUNCTION chessboard.test_claim_hook()")
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def test_a_project_past_the_statement_timeout_counts_a_failed_run_and_the_tick_goes_on(
