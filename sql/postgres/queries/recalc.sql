@@ -22,8 +22,9 @@
 -- due_at (up to the starvation cap) and updated_at, but never postpone the retry of a failure.
 
 -- name: count_due_requests()$
--- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog, as the
--- metrics count it, so a row overdue while it waits for a retry or runs in another drain shows.
+-- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog without
+-- poisoned rows (chessboard_recalc_due_backlog_unpoisoned), so a row overdue while it waits for
+-- a retry or runs in another drain shows.
 SELECT count(*)
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts;
