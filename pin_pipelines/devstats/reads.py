@@ -2,9 +2,11 @@
 `sql/clickhouse/queries/dim_layout_group_reads.sql`.
 
 Every read filters `DeveloperId` = the actor (spec 003, security) and, when given, the project
-(`WHERE DeveloperId = actor AND ProjectId = … AND LayoutGroupId = …`). They take an `Actor`, never
-a developer id: who the developer is was settled by the door that made the Actor (a verified
-token, or the operator's explicit door), not by the caller's arguments (devstats/actor.py).
+(`WHERE DeveloperId = actor AND ProjectId = … AND LayoutGroupId = …`), both on a group's current
+row: a group moved to another developer is the new one's at once, merged or not. They take an
+`Actor`, never a developer id: who the developer is was settled by the door that made the Actor
+(a verified token, or the operator's explicit door), not by the caller's arguments
+(devstats/actor.py).
 tests/unit/test_api_actor.py fails if a read of this module takes anything else. The reads that
 see every developer (the loader's version guard, the reconciliation) are in devstats/dim.py,
 which the read API cannot import.
@@ -39,7 +41,8 @@ class LayoutGroup:
 def labels(
     ch: ClickHouse, actor: Actor, ids: Iterable[UUID], project_id: UUID | None = None
 ) -> dict[str, str]:
-    """`{layout_group_id: Name}`; a missing group, one of another developer, or (with
+    """`{layout_group_id: Name}`; a missing group, one whose current row is another
+    developer's, or (with
     `project_id`) one whose current row is in another project is labelled with its own id (the
     spec's degradation, no error): the three look the same, so an answer tells nothing about
     other developers' groups.

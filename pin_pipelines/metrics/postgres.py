@@ -40,6 +40,7 @@ class _QueueGauges:
 
     depth: int
     due_backlog: int
+    due_backlog_unpoisoned: int
     poisoned: int
     oldest_due_age_seconds: float
 
@@ -73,6 +74,7 @@ class _CounterTotal:
 class PostgresState:
     depth: int = 0
     due_backlog: int = 0
+    due_backlog_unpoisoned: int = 0
     poisoned: int = 0
     oldest_due_age_seconds: float = 0.0
     #: (metric, label) → value, shards summed (`metric_counters` rows).
@@ -99,6 +101,7 @@ def read_state(conn: psycopg.Connection) -> PostgresState:
     return PostgresState(
         depth=queue.depth,
         due_backlog=queue.due_backlog,
+        due_backlog_unpoisoned=queue.due_backlog_unpoisoned,
         poisoned=queue.poisoned,
         oldest_due_age_seconds=queue.oldest_due_age_seconds,
         counters={
@@ -138,8 +141,14 @@ GAUGES = (
     ),
     (
         "chessboard_recalc_due_backlog",
-        "Queue rows with due_at <= now() waiting for a drain; poisoned rows are not counted.",
+        "Queue rows with due_at < now() (spec 000), poisoned rows included.",
         "due_backlog",
+    ),
+    (
+        "chessboard_recalc_due_backlog_unpoisoned",
+        "Queue rows with due_at < now() waiting for a drain, poisoned rows left out (they have"
+        " their own alert): what CHESSBOARD_RECALC_BACKLOG watches.",
+        "due_backlog_unpoisoned",
     ),
     (
         "chessboard_recalc_poisoned_requests",

@@ -20,7 +20,7 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
-from pin_pipelines.db import connection, fetch_all, queries
+from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.recalc.counters import ENTITIES, record_tick
@@ -41,9 +41,16 @@ PROJECT_TIMEOUT_SECONDS = 10.0
 #: how much later than between two projects (spec 000: cancellation between projects). A tick
 #: of 50 small projects still takes one call: ~40 ms unchanged, ~70 ms rewritten (bench_recalc).
 CLAIM_WINDOW_SECONDS = 0.1
-#: The statement timeout covers a whole call (a COMMIT inside a procedure does not re-arm it),
-#: whose last project starts within the claiming window: every project gets its full bound.
-STATEMENT_TIMEOUT = f"{round((PROJECT_TIMEOUT_SECONDS + CLAIM_WINDOW_SECONDS) * 1000)}ms"
+#: The longest a recalc_tick call runs: its statement timeout covers the whole call (a COMMIT
+#: inside a procedure does not re-arm it), whose last project starts within the claiming window,
+#: so every project gets its full bound. Read when a drain connection opens (drain_connection).
+CALL_TIMEOUT_SECONDS = PROJECT_TIMEOUT_SECONDS + CLAIM_WINDOW_SECONDS
+#: Spec 000: a tick takes LESS than 30 s.
+TICK_LIMIT_SECONDS = 30.0
+#: What a tick spends besides its calls, kept free below the limit: its own statements before
+#: and after them (the settle, the counts, its liveness record: milliseconds each), its log
+#: lines, and a statement timeout's landing (the server checks for it between steps).
+TICK_MARGIN_SECONDS = 2.0
 #: How soon the server sees that the drain died (killed, OOM) during a call and ends it, the
 #: project in hand rolled back instead of run on to its COMMIT; its claim (committed with the
 #: previous project) is left to settle_abandoned_claims, so a project that kills its drain ends
@@ -54,7 +61,6 @@ CLIENT_CHECK_INTERVAL = "100ms"
 #: after the project timeout, and with it the project's row locks: another drain takes the
 #: project over. Row lock waits are bounded by recalc_claimed_project itself (lock_timeout).
 DRAIN_SESSION = {
-    "statement_timeout": STATEMENT_TIMEOUT,
     "idle_in_transaction_session_timeout": f"{round(PROJECT_TIMEOUT_SECONDS * 1000)}ms",
     "client_connection_check_interval": CLIENT_CHECK_INTERVAL,
     "plan_cache_mode": "force_generic_plan",
@@ -70,10 +76,6 @@ LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT = 0.5
 #: before it is cancelled: its project in hand then rolls back whole and its attempt is given
 #: back, so a deploy never waits out a stuck project nor counts it towards poison.
 STOP_GRACE_SECONDS = 5.0
-#: Spec 000: a tick takes < 30 s. No project is claimed once less than the stop grace is left,
-#: and the one in hand at the budget's end is cancelled then, as after a stop (rolled back whole,
-#: its attempt given back): a tick of slow projects ends within its budget, however many are due.
-TICK_BUDGET_SECONDS = 30.0
 #: Projects per tick without a `chessboard.recalc_settings` row.
 DEFAULT_BATCH_SIZE = 50
 
@@ -97,6 +99,9 @@ class TickSummary:
     due_at_start: int = 0
     results: list[ProjectResult] = field(default_factory=list)
     poisoned: int = 0
+    #: Rows this tick made poison (a failed run, or an abandoned attempt settled, reaching
+    #: poison_attempts): each logged once, at ERROR, as CHESSBOARD_RECALC_POISON.
+    newly_poisoned: list[UUID] = field(default_factory=list)
     stopped_early: bool = False
 
     def count(self, outcome: Outcome) -> int:
@@ -113,6 +118,7 @@ class TickSummary:
         self.correlation_id = later.correlation_id
         self.results.extend(later.results)
         self.poisoned = later.poisoned
+        self.newly_poisoned.extend(later.newly_poisoned)
         self.stopped_early = self.stopped_early or later.stopped_early
 
     def as_dict(self) -> dict[str, Any]:
@@ -143,9 +149,22 @@ class TickSummary:
 
 
 def drain_connection(dsn: str) -> AbstractContextManager[psycopg.Connection]:
-    """A connection in the drain's session (DRAIN_SESSION), autocommit: a procedure may COMMIT
-    (recalc_tick, a transaction per project) only when called outside a transaction block."""
-    return connection(dsn, autocommit=True, session=DRAIN_SESSION)
+    """A connection in the drain's session (DRAIN_SESSION, and CALL_TIMEOUT_SECONDS as its
+    statement timeout), autocommit: a procedure may COMMIT (recalc_tick, a transaction per
+    project) only when called outside a transaction block."""
+    timeout = f"{round(CALL_TIMEOUT_SECONDS * 1000)}ms"
+    return connection(dsn, autocommit=True, session={**DRAIN_SESSION, "statement_timeout": timeout})
+
+
+def tick_budget_seconds(
+    limit_seconds: float = TICK_LIMIT_SECONDS, margin_seconds: float = TICK_MARGIN_SECONDS
+) -> float:
+    """How long a tick that must end within `limit_seconds` starts recalc_tick calls: the last
+    call it starts ends by its statement timeout (CALL_TIMEOUT_SECONDS, read now), and the
+    margin is left for the rest. 30 - 10.1 - 2 = 17.9 s by default: a tick of slow projects
+    ends before 28 s, whatever they do. Nothing is cancelled at the budget's end: every project
+    claimed gets its full bound, a stuck one failing on its timeout as in any tick."""
+    return limit_seconds - CALL_TIMEOUT_SECONDS - margin_seconds
 
 
 class TickOptions(TypedDict, total=False):
@@ -155,7 +174,8 @@ class TickOptions(TypedDict, total=False):
     should_stop: Callable[[], bool]
     correlation_id: str | None
     stop_grace_seconds: float
-    budget_seconds: float
+    limit_seconds: float
+    margin_seconds: float
 
 
 def drain_tick(dsn: str, **options: Unpack[TickOptions]) -> TickSummary:
@@ -172,27 +192,29 @@ def tick_on(
     should_stop: Callable[[], bool] = never,
     correlation_id: str | None = None,
     stop_grace_seconds: float = STOP_GRACE_SECONDS,
-    budget_seconds: float = TICK_BUDGET_SECONDS,
+    limit_seconds: float = TICK_LIMIT_SECONDS,
+    margin_seconds: float = TICK_MARGIN_SECONDS,
 ) -> TickSummary:
     """One worker tick on `conn` (a drain_connection). `should_stop` is checked between
     recalc_tick calls, each claiming for at most CLAIM_WINDOW_SECONDS (graceful cancellation: the
     projects of the call in hand commit or roll back whole, one by one, the rest stays queued); a
     call still running `stop_grace_seconds` after the stop is cancelled, its project in hand
-    given back. The tick's own budget ends it the same way: it stops claiming `stop_grace_seconds`
-    before the end (at most half the budget) and cancels the call in hand at the end.
+    given back. The tick ends within `limit_seconds` less `margin_seconds` (spec 000: a tick
+    takes < 30 s): it starts no call past tick_budget_seconds, and the call in hand ends by its
+    statement timeout.
     `correlation_id` tags every log line of the tick (a Dagster run passes its run id and tick
     number)."""
     started = time.perf_counter()
-    grace = min(stop_grace_seconds, budget_seconds / 2)
-    budget = Budget(budget_seconds - grace, should_stop)
+    budget = Budget(tick_budget_seconds(limit_seconds, margin_seconds), should_stop)
     summary = TickSummary(correlation_id=correlation_id or uuid.uuid4().hex)
     with tracer().start_as_current_span(
         "recalc.tick", attributes={"correlationId": summary.correlation_id}
     ):
+        settings = fetch_one(Q.tick_settings, conn, _TickSettings)
         if batch_size is None:
-            configured = Q.batch_size(conn)
-            batch_size = DEFAULT_BATCH_SIZE if configured is None else int(configured)
-        _settle_abandoned_claims(conn, summary.correlation_id)
+            batch_size = DEFAULT_BATCH_SIZE if settings is None else settings.batch_size
+        poison_at = None if settings is None else settings.poison_attempts
+        poisoning = _settle_abandoned_claims(conn, summary.correlation_id, poison_at)
         summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
         # every second, and those lines were most of its compute log (issue 15).
@@ -205,8 +227,14 @@ def tick_on(
             size=min(summary.due_at_start, batch_size),
             due=summary.due_at_start,
         )
-        with _cancelled_after_stop(conn, budget.stopping, grace) as call_running:
+        with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as call_running:
             _run_batch(conn, summary, batch_size, budget, call_running)
+        poisoning += [
+            _Poisoning(r.project_id, r.attempt_count, r.error)
+            for r in summary.results
+            if r.outcome == "failed" and _poisons(r.attempt_count, poison_at)
+        ]
+        summary.newly_poisoned = [p.project_id for p in poisoning]
         summary.poisoned = int(Q.count_poisoned(conn))
         record_tick(conn)  # worker liveness, also for a tick with nothing due
     totals = summary.as_dict()
@@ -230,15 +258,43 @@ def tick_on(
         },
         duration_seconds=round(time.perf_counter() - started, 6),
     )
-    if summary.poisoned:
+    # Once per row, when it becomes poison: the gauge and its alert say it is still there (a
+    # line on every tick while a row waited for triage was the same news again and again).
+    for poisoned in poisoning:
         log_event(
             log,
             "CHESSBOARD_RECALC_POISON",
             level=logging.ERROR,
             correlation_id=summary.correlation_id,
+            project_id=str(poisoned.project_id),
+            attempt_count=poisoned.attempt_count,
+            error=poisoned.error,
             poisoned=summary.poisoned,
         )
     return summary
+
+
+@dataclass(frozen=True)
+class _TickSettings:
+    """The queue settings a tick reads (tick_settings)."""
+
+    batch_size: int
+    poison_attempts: int
+
+
+@dataclass(frozen=True)
+class _Poisoning:
+    """A row this tick made poison: its failed runs and the last one's error."""
+
+    project_id: UUID
+    attempt_count: int | None
+    error: str | None
+
+
+def _poisons(failed_runs: int | None, poison_at: int | None) -> bool:
+    """Whether a row's failed runs, counted just now, make it poison. A claimed row had fewer
+    than poison_attempts (poison rows are never claimed), so this is the run that crossed."""
+    return failed_runs is not None and poison_at is not None and failed_runs >= poison_at
 
 
 @dataclass(frozen=True)
@@ -250,8 +306,12 @@ class _AbandonedClaim:
     last_error: str
 
 
-def _settle_abandoned_claims(conn: psycopg.Connection, correlation_id: str) -> None:
-    """Count the attempts of drains that died inside them as the failed runs they were."""
+def _settle_abandoned_claims(
+    conn: psycopg.Connection, correlation_id: str, poison_at: int | None
+) -> list[_Poisoning]:
+    """Count the attempts of drains that died inside them as the failed runs they were; the
+    rows this made poison are returned."""
+    poisoning = []
     for claim in fetch_all(Q.settle_abandoned_claims, conn, _AbandonedClaim):
         log_event(
             log,
@@ -262,6 +322,9 @@ def _settle_abandoned_claims(conn: psycopg.Connection, correlation_id: str) -> N
             attempt_count=claim.attempt_count,
             error=claim.last_error,
         )
+        if _poisons(claim.attempt_count, poison_at):
+            poisoning.append(_Poisoning(claim.project_id, claim.attempt_count, claim.last_error))
+    return poisoning
 
 
 @dataclass(frozen=True)
@@ -372,7 +435,7 @@ class _ProjectReport:
         elif self.outcome == "deferred":
             fields |= {"reason": "row lock held elsewhere"}
         elif self.outcome == "interrupted":
-            fields |= {"reason": "the drain is stopping, or the tick's budget is spent"}
+            fields |= {"reason": "the drain is stopping"}
         return event, level, fields
 
 
@@ -453,7 +516,7 @@ def _run_batch(
             # reported "interrupted", or "failed" for the statement timeout). One that landed
             # between two projects' blocks ends it with the error instead: the projects the call
             # committed are not reported, and a claim in hand is settled at the next tick.
-            if not budget.stopping():
+            if not budget.should_stop():
                 raise
             summary.stopped_early = True
             return
@@ -510,7 +573,9 @@ class DrainRunSummary:
         if not self.ticks:
             return TickSummary(correlation_id="")
         first, *later = self.ticks
-        total = replace(first, results=list(first.results))
+        total = replace(
+            first, results=list(first.results), newly_poisoned=list(first.newly_poisoned)
+        )
         for tick in later:
             total.merge(tick)
         return total
@@ -530,6 +595,11 @@ class DrainRunSummary:
     @property
     def poisoned(self) -> int:
         return self.ticks[-1].poisoned if self.ticks else 0
+
+    @property
+    def newly_poisoned(self) -> list[UUID]:
+        """The rows the run's ticks made poison, in order."""
+        return [project for tick in self.ticks for project in tick.newly_poisoned]
 
 
 def seconds_until_next_due(dsn: str, *, beat_as: str | None = None) -> float | None:

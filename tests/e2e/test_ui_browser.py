@@ -4,7 +4,8 @@ A dagster-daemon and dagster-webserver run on an instance of this test alone (th
 dagster.yaml, its own storage database and embedded ClickHouse folder). Headless Chromium opens the
 reconciliation assets' upstream lineage and saves screenshots under test-artifacts/; the
 materialization is launched through the webserver's GraphQL API, as the UI's Materialize button
-does, and its check verdicts are read back. A missing service or browser fails the test.
+does, and its check verdicts are read back. A failed drain run is re-executed the way the UI's
+Re-execute button does it. A missing service or browser fails the test.
 """
 
 from __future__ import annotations
@@ -309,3 +310,73 @@ def test_on_call_finds_drift_assets_in_the_graph_and_launches_the_check(
             page.screenshot(path=str(ARTIFACTS / "reconcile_check_failed.png"))
         finally:
             browser.close()
+
+
+REEXECUTE = """
+mutation Reexecute($params: ReexecutionParams!) {
+  launchRunReexecution(reexecutionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}"""
+RUN = """
+query Run($id: ID!) {
+  runOrError(runId: $id) { ... on Run { status jobName parentRunId rootRunId } }
+}"""
+
+
+def finished(dagster: Dagster, run_id: str, timeout: float = 180) -> dict[str, Any]:
+    """The run once it has ended (success, failure or cancel)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = dict(dagster.gql(RUN, {"id": run_id})["runOrError"])
+        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") or time.monotonic() > deadline:
+            return run
+        time.sleep(0.5)
+
+
+def test_a_failed_drain_run_is_rerun_from_the_ui(db: psycopg.Connection, dagster: Dagster) -> None:
+    """On-call's rerun: a drain run that failed is re-executed from the UI (its Re-execute
+    button: the webserver's launchRunReexecution, from failure) once the cause is fixed.
+    Tried: one due project, and the drain's procedure renamed away (a broken deploy): the
+    recalc_drain_job run launched through the webserver fails and the row stays queued; the
+    procedure back, the failed run re-executed through GraphQL: the new run is the failed
+    one's child, succeeds and drains the project. Broken on purpose (the procedure left
+    renamed): the re-execution failed too and this test with it."""
+    project = make_project(db)
+    make_object(db, project, make_building(db, project), None, status="Free", price=5)
+    db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+    params = {
+        "selector": {**REPOSITORY, "jobName": "recalc_drain_job"},
+        "runConfigData": {"ops": {"drain_recalc_queue": {"config": {"budget_seconds": 5.0}}}},
+        "mode": "default",
+    }
+    db.execute("ALTER PROCEDURE chessboard.recalc_tick RENAME TO recalc_tick_gone")
+    try:
+        launched = dagster.gql(LAUNCH, {"params": params})["launchPipelineExecution"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        failed = launched["run"]["runId"]
+        assert finished(dagster, failed)["status"] == "FAILURE"
+    finally:
+        db.execute("ALTER PROCEDURE chessboard.recalc_tick_gone RENAME TO recalc_tick")
+    assert db.execute(
+        "SELECT count(*) FROM chessboard.project_recalc_requests WHERE project_id = %s",
+        (project,),
+    ).fetchone() == (1,)
+
+    again = dagster.gql(REEXECUTE, {"params": {"parentRunId": failed, "strategy": "FROM_FAILURE"}})[
+        "launchRunReexecution"
+    ]
+    assert again["__typename"] == "LaunchRunSuccess", again
+    rerun = finished(dagster, again["run"]["runId"])
+    assert rerun == {
+        "status": "SUCCESS",
+        "jobName": "recalc_drain_job",
+        "parentRunId": failed,
+        "rootRunId": failed,
+    }
+    assert db.execute(
+        "SELECT count(*) FROM chessboard.project_recalc_requests WHERE project_id = %s",
+        (project,),
+    ).fetchone() == (0,)

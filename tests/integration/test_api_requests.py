@@ -37,6 +37,7 @@ from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
 from pin_pipelines.devstats.dim import insert_events
 from pin_pipelines.devstats.events import parse_event
+from tests.support.api import api_client
 from tests.support.devstats import Group
 from tests.support.idp import (
     AUDIENCE,
@@ -110,10 +111,7 @@ def api_metrics() -> ApiMetrics:
 def client(
     idp: IdentityProvider, clickhouse_server_url: str, api_metrics: ApiMetrics
 ) -> Iterator[TestClient]:
-    verifier = TokenVerifier(JwksCache(idp.jwks_url), issuer=ISSUER, audience=AUDIENCE)
-    verifier.keys.load()
-    app = create_app(pool := ClickHousePool(clickhouse_server_url), verifier, api_metrics)
-    with pool, TestClient(app, raise_server_exceptions=False) as test_client:
+    with api_client(clickhouse_server_url, idp, api_metrics) as test_client:
         yield test_client
 
 

@@ -9,6 +9,7 @@ does; the groups are fresh UUIDs, so the shared server's table needs no cleaning
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -17,11 +18,17 @@ from typing import Any
 import pytest
 
 from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickhouse
+from pin_pipelines.clickhouse.url import ServerAddress, parse_clickhouse_url
 from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
-from tests.integration.clickhouse_fixtures import server_url
+from tests.integration.clickhouse_fixtures import optimize_dimension, server_url
+from tests.support.answer_cutter import AnswerCutter
+from tests.support.api import api_client
 from tests.support.cli import run_pin, summary
 from tests.support.devstats import BASE_TIME, Group, physical_rows
+from tests.support.idp import IdentityProvider
+
+GROUPS, LABELS = "/v1/layout-groups", "/v1/layout-groups/labels"
 
 TABLE = "pin_dev_stats.dim_layout_group"
 
@@ -130,7 +137,7 @@ def test_cli_labels_take_a_project_id(clickhouse_server_url: str) -> None:
 
 
 @pytest.fixture(params=["embedded", "server"])
-def unmerged(request: pytest.FixtureRequest) -> Iterator[ClickHouse]:
+def unmerged_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A migrated dimension whose background merges are stopped while the test runs, so two
     rows of one group stay two rows while it reads them (a merge would keep one and hide the
     tie): the session's embedded engine, or a private Debian 18.16 server (the shared server's
@@ -143,9 +150,15 @@ def unmerged(request: pytest.FixtureRequest) -> Iterator[ClickHouse]:
         migrate_clickhouse(ch)
         ch.command(f"SYSTEM STOP MERGES {TABLE}")
         try:
-            yield ch
+            yield url
         finally:
             ch.command(f"SYSTEM START MERGES {TABLE}")
+
+
+@pytest.fixture
+def unmerged(unmerged_url: str) -> Iterator[ClickHouse]:
+    with open_clickhouse(unmerged_url) as ch:
+        yield ch
 
 
 @pytest.mark.parametrize("order", [(1, 2), (2, 1)], ids=["loader-order", "reversed"])
@@ -194,3 +207,148 @@ def test_the_higher_source_version_wins_a_tie_in_every_read(
     assert stored_versions(unmerged, [group.id]) == {group.id.int: 2}
     # Both rows were there for every read above (merges are stopped): the tie was real.
     assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+
+
+def test_the_latest_upserted_at_wins_before_and_after_a_merge_whatever_the_versions(
+    unmerged: ClickHouse,
+) -> None:
+    """Spec 003: ReplacingMergeTree(UpsertedAt), max UpsertedAt wins (INV-DIM-LG-4); the
+    reads must answer what the engine keeps. Tried: version 1 stamped 10 s after BASE_TIME and
+    version 2 stamped 5 s after it (a producer's clock stepped back), stored in version order
+    as the loader stores them, merges stopped. Before a merge both rows are stored and every
+    read answers version 1 (the later UpsertedAt); after OPTIMIZE TABLE … FINAL (here only: no
+    online read uses FINAL) the engine has kept version 1 alone and the reads answer the same.
+    On both engines. Broken on purpose: the reads' argMax by (SourceVersion, UpsertedAt): they
+    answered version 2 before the merge, failing this test (and disagreed with the merge)."""
+    group = Group()
+    store(unmerged, group, 1, CreatedAt=iso(BASE_TIME + timedelta(seconds=10)))
+    store(unmerged, group, 2, CreatedAt=iso(BASE_TIME + timedelta(seconds=5)))
+
+    def answers() -> tuple[dict[str, str], list[tuple[str, int]], list[tuple[object, ...]]]:
+        return (
+            labels(unmerged, group.developer_id, [group.id], group.project_id),
+            [(g.name, g.source_version) for g in groups(unmerged, group.developer_id)],
+            [r for r in unmerged.rows(QUERIES["current_rows"]) if r[0] == group.id],
+        )
+
+    expected = (
+        {str(group.id): "Студии v1"},
+        [("Студии v1", 1)],
+        [(group.id, group.project_id, group.developer_id, "Студии v1", 10, 0, 1)],
+    )
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+    assert answers() == expected
+    unmerged.command(f"SYSTEM START MERGES {TABLE}")
+    optimize_dimension(unmerged)
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1")]  # what the engine kept
+    assert answers() == expected
+
+
+# --- scope after a move -----------------------------------------------------------------------
+
+
+def test_a_group_moved_to_another_developer_is_only_the_new_ones_before_any_merge(
+    unmerged_url: str, unmerged: ClickHouse
+) -> None:
+    """Spec 003, scope: only rows with DeveloperId = actor, on the group's CURRENT row. Tried: a
+    group loaded for developer A (version 1), then version 2 for developer B, merges stopped (no
+    OPTIMIZE: both rows stay stored). A gets the id back as its label and no group in its list;
+    B gets the name and the group, through the dimension's reads, the read API (labels with and
+    without the project, the project's list) and, on the 18.16 server, `pin devstats labels`.
+    Broken on purpose: with the developer filtered on raw rows again (`WHERE DeveloperId =`,
+    as before), A's read found its old row alone and got "Студии v1" back, on both engines."""
+    developer_a, developer_b = uuid.uuid4(), uuid.uuid4()
+    group = Group(developer_a)
+    store(unmerged, group, 1)
+    store(unmerged, group, 2, TenantId=str(developer_b))
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+    gid = str(group.id)
+
+    for project in (None, group.project_id):
+        assert labels(unmerged, developer_a, [group.id], project) == {gid: gid}
+        assert labels(unmerged, developer_b, [group.id], project) == {gid: "Студии v2"}
+        assert groups(unmerged, developer_a, project) == []
+        assert [g.layout_group_id for g in groups(unmerged, developer_b, project)] == [group.id]
+
+    with IdentityProvider() as idp, api_client(unmerged_url, idp) as api:
+
+        def answer(developer: uuid.UUID, path: str, **params: str) -> Any:
+            got = api.get(
+                path, params=params, headers={"Authorization": f"Bearer {idp.token(developer)}"}
+            )
+            assert got.status_code == 200, got.text
+            return got.json()
+
+        in_project = {"projectId": str(group.project_id)}
+        for query in ({}, in_project):
+            assert answer(developer_a, LABELS, ids=gid, **query) == {"labels": {gid: gid}}
+            assert answer(developer_b, LABELS, ids=gid, **query) == {"labels": {gid: "Студии v2"}}
+        assert answer(developer_a, GROUPS, **in_project) == {"groups": []}
+        assert [g["id"] for g in answer(developer_b, GROUPS, **in_project)["groups"]] == [gid]
+
+    if not unmerged_url.startswith("chdb:"):  # a subprocess cannot share the embedded folder
+        env = {"PIN_CLICKHOUSE_URL": unmerged_url}
+        for developer, label in ((developer_a, gid), (developer_b, "Студии v2")):
+            cli = run_pin(
+                "devstats", "labels", "--developer-id", str(developer), "--ids", gid, env=env
+            )
+            assert summary(cli) == {gid: label}
+    assert physical_rows(unmerged, group.id) == [(1, "Студии v1"), (2, "Студии v2")]
+
+
+# --- no FINAL online -------------------------------------------------------------------------
+
+
+def test_no_online_read_sends_final(clickhouse_server_url: str) -> None:
+    """Spec 003: FINAL is forbidden online. Tried: every online read as it goes over the wire to
+    the 18.16 server, through a loopback relay that keeps what the clients send (a query's text
+    travels as it is): the dimension's reads (labels and groups, with and without a project),
+    the read API (its start and /healthz, labels, the project's list) and `pin devstats labels`
+    in a process of its own. Each sent the dimension's name (the reads were captured) and none
+    the word FINAL. Broken on purpose: `FINAL` added after the table of the labels query; the
+    test failed with "reads sent FINAL"."""
+    group = Group()
+    with open_clickhouse(clickhouse_server_url) as ch:
+        store(ch, group, 1)
+    server = parse_clickhouse_url(clickhouse_server_url)
+    assert isinstance(server, ServerAddress)
+    relay = AnswerCutter(server.port)
+    try:
+        url = clickhouse_server_url.replace(f":{server.port}/", f":{relay.port}/")
+
+        def sent_since(mark: int) -> str:
+            text = bytes(relay.sent[mark:]).decode("utf-8", "replace")
+            assert TABLE in text, "nothing of the reads was captured"
+            return text
+
+        with open_clickhouse(url) as ch:
+            for project in (None, group.project_id):
+                labels(ch, group.developer_id, [group.id], project)
+                groups(ch, group.developer_id, project)
+        phases = {"reads": sent_since(0)}
+        mark = len(relay.sent)
+        with IdentityProvider() as idp, api_client(url, idp) as api:
+            token = {"Authorization": f"Bearer {idp.token(group.developer_id)}"}
+            for path, params in (
+                ("/healthz", {}),
+                (LABELS, {"ids": str(group.id)}),
+                (GROUPS, {"projectId": str(group.project_id)}),
+            ):
+                assert api.get(path, params=params, headers=token).status_code == 200
+        phases["read API"] = sent_since(mark)
+        mark = len(relay.sent)
+        cli = run_pin(
+            "devstats",
+            "labels",
+            "--developer-id",
+            str(group.developer_id),
+            "--ids",
+            str(group.id),
+            env={"PIN_CLICKHOUSE_URL": url},
+        )
+        assert summary(cli) == {str(group.id): "Студии v1"}
+        phases["pin devstats labels"] = sent_since(mark)
+    finally:
+        relay.close()
+    for phase, text in phases.items():
+        assert not re.search(r"\bFINAL\b", text, re.IGNORECASE), f"{phase} sent FINAL"

@@ -509,3 +509,74 @@ def test_drain_own_writes_do_not_enqueue_again(db, pg_dsn):
         (tree["project"],),
     )
     assert queued_projects(db) == {}
+
+
+def test_the_due_index_is_a_btree_on_due_at(db):
+    """Spec 000: index ix_project_recalc_due btree(due_at), the selection of due rows. Tried:
+    the index as the catalogue holds it. Broken on purpose (migration 0001 creating it on
+    (due_at, project_id)): this test failed."""
+    definition = db.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'chessboard'"
+        " AND indexname = 'ix_project_recalc_due'"
+    ).fetchone()
+    assert definition == (
+        "CREATE INDEX ix_project_recalc_due ON chessboard.project_recalc_requests"
+        " USING btree (due_at)",
+    )
+
+
+def test_a_queue_rows_created_at_is_its_insert_and_updated_at_moves_with_each_upsert(db):
+    """Spec 000: CreatedAt / UpdatedAt of the queue row. Tried: three requests for one project
+    in three transactions. created_at is the first one's now() and stays; updated_at is each
+    request's now() (the coalesced upserts move it). Broken on purpose (`updated_at = now()`
+    left out of the upsert in migration 0001): updated_at stayed at the first request's."""
+    project, tenant = uuid.uuid4(), uuid.uuid4()
+    first = _request(db, project, tenant, "Crud")
+    row = queue_row(db, project)
+    assert (row["created_at"], row["updated_at"]) == (first, first)
+    for reason in ("PropertyObjectPriceChanged", "LayoutChanged"):
+        later = _request(db, project, tenant, reason)
+        assert later > first
+        row = queue_row(db, project)
+        assert (row["created_at"], row["updated_at"]) == (first, later)
+
+
+def test_a_recomputed_rows_updated_at_is_its_recompute_transactions_now(db, pg_dsn):
+    """Spec 000 postcondition: Version of the touched rows += 1, UpdatedAt = now(). Tried: a
+    project whose object was hidden and whose layout group got a second layout after its tree
+    was recomputed, drained: the
+    project, its building, layout and layout group each get version + 1 and the SAME
+    updated_at, one later than the clock before the tick and no later than after it: one
+    transaction's now(), not the time of each statement. Broken on purpose (clock_timestamp()
+    for the building's updated_at in migration 0016): the four updated_at differed."""
+    tree = _project_with_tree(db)
+    drain_all(pg_dsn, db)
+    tables = {
+        "projects": ("id", tree["project"]),
+        "buildings": ("id", tree["building"]),
+        "layouts": ("id", tree["layout"]),
+        "layout_groups": ("id", tree["group"]),
+    }
+
+    def rows() -> dict[str, tuple[int, object]]:
+        return {
+            table: db.execute(
+                f"SELECT version, updated_at FROM chessboard.{table} WHERE {key} = %s", (value,)
+            ).fetchone()
+            for table, (key, value) in tables.items()
+        }
+
+    before = rows()
+    db.execute(
+        "UPDATE chessboard.property_objects SET status = 'Hidden' WHERE id = %s", (tree["obj"],)
+    )
+    make_layout(db, tree["project"], tree["group"], 55)  # the group: 2 layouts, area to 55
+    clock = _clock(db)
+    tick = drain_due(pg_dsn, db)
+    after_clock = _clock(db)
+    assert tick.processed == 1
+    after = rows()
+    assert {t: v for t, (v, _) in after.items()} == {t: v + 1 for t, (v, _) in before.items()}
+    stamps = {t: at for t, (_, at) in after.items()}
+    assert len(set(stamps.values())) == 1, stamps
+    assert clock < stamps["projects"] <= after_clock

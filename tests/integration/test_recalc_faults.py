@@ -1,24 +1,33 @@
-"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and attempts
-counted when a row is claimed, so a project that kills its worker is parked as poison while a
-drain that is only stopped (SIGTERM) counts nothing. Real `pin` processes, real signals."""
+"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and
+attempt_count as the failed runs: a failure, a statement timeout, or an attempt whose drain died
+inside it (claimed_at left behind, counted by the next tick) counts one, so a project that kills
+its worker is parked as poison, while a drain that is only stopped (SIGTERM) counts nothing and
+a lock wait defers without counting. A tick ends before its 30 s limit. Real `pin` processes,
+real signals."""
 
 from __future__ import annotations
 
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from uuid import UUID
 
 import psycopg
 import pytest
 
 from pin_pipelines.recalc import drain
-from pin_pipelines.recalc.drain import STOP_GRACE_SECONDS, TICK_BUDGET_SECONDS, drain_tick
+from pin_pipelines.recalc.drain import (
+    CALL_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    TICK_LIMIT_SECONDS,
+    TICK_MARGIN_SECONDS,
+    drain_tick,
+    tick_budget_seconds,
+)
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.recalc import (
+    claim_hook,
     drain_until_empty,
     failing_recalc,
     last_json_line,
@@ -153,6 +162,8 @@ def test_a_project_that_kills_its_drain_is_poisoned_after_five_abandoned_attempt
     summary = last_json_line(stdout)
     assert (summary["processed"], summary["failed"], summary["poisoned"]) == (0, 0, 1)
     assert queue_row(db, project)["attempt_count"] == 5
+    # The sixth drain settled the fifth attempt, which made the row poison: logged once, there.
+    assert stderr.count('"event": "CHESSBOARD_RECALC_POISON"') == 1, stderr
 
     requeue = start_pin(pg_dsn, "recalc", "requeue", "--project-id", str(project))
     assert requeue.communicate(timeout=60) and requeue.returncode == 0
@@ -244,60 +255,13 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
         "BEGIN; SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
         f" FROM chessboard.projects WHERE id = '{first}'; SELECT pg_sleep(1.5); COMMIT;"
     )
-    db.execute("CREATE EXTENSION IF NOT EXISTS dblink")
-    try:
-        with claim_hook(db, first, pg_dsn, edit):
-            tick = drain_tick(pg_dsn)
-    finally:
-        db.execute("DROP EXTENSION dblink")
+    with claim_hook(db, first, pg_dsn, edit):
+        tick = drain_tick(pg_dsn)
     outcomes = {r.project_id: r.outcome for r in tick.results}
     assert outcomes == {first: "deferred", second: "recalculated"}, tick.as_dict()
     row = queue_row(db, first)
     assert row is not None and row["attempt_count"] == 0 and row["claimed_at"] is None, row
     assert queue_row(db, second) is None
-
-
-@contextmanager
-def claim_hook(conn: psycopg.Connection, project: UUID, dsn: str, edit: str) -> Iterator[None]:
-    """While inside: the first claim of `project` sends `edit` to another session (dblink) and
-    returns once that session waits for a lock (the claimed row's)."""
-    body = f"""
-        IF NEW.project_id <> '{project}' OR NEW.claimed_at IS NULL
-           OR OLD.claimed_at IS NOT NULL
-           OR 'claim_hook' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
-            RETURN NULL;
-        END IF;
-        PERFORM dblink_connect('claim_hook', {_literal(dsn)});
-        SELECT t.pid INTO v_pid FROM dblink('claim_hook', 'SELECT pg_backend_pid()') AS t(pid int);
-        PERFORM dblink_send_query('claim_hook', {_literal(edit)});
-        FOR i IN 1..500 LOOP
-            -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
-            PERFORM pg_stat_clear_snapshot();
-            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
-                              WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
-            PERFORM pg_sleep(0.01);
-        END LOOP;
-        RETURN NULL;
-    """
-    conn.execute(
-        f"""
-        CREATE FUNCTION chessboard.test_claim_hook() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        DECLARE v_pid int;
-        BEGIN {body} END $$;
-        CREATE TRIGGER test_claim_hook AFTER UPDATE ON chessboard.project_recalc_requests
-            FOR EACH ROW EXECUTE FUNCTION chessboard.test_claim_hook();
-        """
-    )
-    try:
-        yield
-    finally:
-        conn.execute("DROP TRIGGER test_claim_hook ON chessboard.project_recalc_requests")
-        conn.execute("DROP FUNCTION chessboard.test_claim_hook()")
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def test_a_project_past_the_statement_timeout_counts_a_failed_run_and_the_tick_goes_on(
@@ -310,7 +274,7 @@ def test_a_project_past_the_statement_timeout_counts_a_failed_run_and_the_tick_g
     poison; the tick goes on and recalculates the second project in its next call. Before
     (a statement per project) the cancel failed the whole drain run, and the next tick counted
     the attempt as abandoned ("the drain died inside it")."""
-    monkeypatch.setitem(drain.DRAIN_SESSION, "statement_timeout", "1s")
+    monkeypatch.setattr(drain, "CALL_TIMEOUT_SECONDS", 1.0)
     set_settings(db, retry_interval="0 seconds")
     first, second = _two_due_projects(db)
     with slow_recalc(db, 3.0, project_id=first):
@@ -333,27 +297,32 @@ def test_a_project_past_the_statement_timeout_counts_a_failed_run_and_the_tick_g
     assert not drift(db)
 
 
-def test_a_tick_of_stuck_projects_ends_within_its_budget_and_counts_no_attempt(
-    db: psycopg.Connection, pg_dsn: str
+def test_a_tick_of_stuck_projects_ends_before_its_limit(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Spec 000: a tick takes < 30 s. Tried: three due projects whose recalc each sleeps 6 s (a
-    stuck aggregate statement, under the 10 s statement timeout), one tick with a 4 s budget.
-    The tick stops claiming at 2 s (the budget less its grace) and cancels the project in hand
-    at 4 s: it ends within the budget, that project rolled back whole with its attempt given
-    back, the other two still queued and never claimed. The default budget is the spec's 30 s.
-    Before, the tick ran its whole batch: 18 s here, and 50 × 10 s at the statement timeout."""
-    assert TICK_BUDGET_SECONDS == 30.0
-    projects = [_project_with_object(db)[0] for _ in range(3)]
+    """Spec 000: a tick takes LESS than 30 s. The default tick starts no call after 17.9 s (30 s
+    less a call's statement timeout, 10.1 s, less a 2 s margin), so the last project started
+    ends by 28 s whatever it does. Tried at a tenth of the scale (the same formula,
+    tick_budget_seconds): a 3 s limit, a 0.5 s margin and the call timeout lowered to 1 s, so
+    calls start within 1.5 s; four due projects whose recalc each sleeps 5 s (stuck). The tick
+    runs two calls, each ended by its timeout (a failed run counted, as for any stuck project),
+    and ends well before 3 s; the two other rows stay queued, never claimed. Broken on purpose:
+    with the budget the limit less the margin only (the call's timeout left out) the tick
+    started a third call at 2 s and ended at 3.07 s, failing this test (the first assertion
+    fails first); the code before (a 30 s
+    budget, the call in hand cancelled at its end) ended ticks at 30.0-30.1 s."""
+    assert TICK_LIMIT_SECONDS == 30.0 and TICK_MARGIN_SECONDS >= 1.0
+    assert tick_budget_seconds() + CALL_TIMEOUT_SECONDS + TICK_MARGIN_SECONDS == TICK_LIMIT_SECONDS
+    monkeypatch.setattr(drain, "CALL_TIMEOUT_SECONDS", 1.0)
+    set_settings(db, retry_interval="0 seconds")
+    projects = [_project_with_object(db)[0] for _ in range(4)]
     db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
-    with slow_recalc(db, 6.0):
+    with slow_recalc(db, 5.0):
         started = time.monotonic()
-        tick = drain_tick(pg_dsn, budget_seconds=4.0)
+        tick = drain_tick(pg_dsn, limit_seconds=3.0, margin_seconds=0.5)
         took = time.monotonic() - started
-    assert took < 4.0 + 1.0, f"the tick took {took:.1f}s with a 4 s budget"
-    assert [r.outcome for r in tick.results] == ["interrupted"], tick.as_dict()
-    assert tick.stopped_early
-    for project in projects:
-        row = queue_row(db, project)
-        assert row is not None and row["attempt_count"] == 0 and row["attempted_at"] is None, row
-    drain_until_empty(db, pg_dsn)  # nothing of the cancelled attempt was left half-written
-    assert not drift(db)
+    assert took < 3.0, f"the tick took {took:.1f}s with a 3 s limit"
+    assert [r.outcome for r in tick.results] == ["failed", "failed"], tick.as_dict()
+    rows = [queue_row(db, project) for project in projects]
+    assert sorted(row["attempt_count"] for row in rows if row) == [0, 0, 1, 1], rows
+    assert all(row and row["claimed_at"] is None for row in rows), rows

@@ -7,16 +7,19 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 
 class AnswerCutter:
     """Forwards 127.0.0.1:`port` to `upstream_port`. After `lose_answers(after_seconds)`, the
     server's bytes on the connections open then are dropped, and those connections are closed
     `after_seconds` later: the client has sent everything and never hears back. New connections
-    pass again."""
+    pass again. Every byte the clients sent is kept in `sent` (what went over the wire: a
+    native-protocol query's text is sent as it is)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
+        self.sent = bytearray()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -54,15 +57,28 @@ class AnswerCutter:
             deaf = threading.Event()
             with self._lock:
                 self._open.append((client, server, deaf))
-            threading.Thread(target=_pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(
+                target=_pump, args=(client, server, None, self._record), daemon=True
+            ).start()
             threading.Thread(target=_pump, args=(server, client, deaf), daemon=True).start()
 
+    def _record(self, data: bytes) -> None:
+        with self._lock:
+            self.sent += data
 
-def _pump(source: socket.socket, sink: socket.socket, deaf: threading.Event | None) -> None:
+
+def _pump(
+    source: socket.socket,
+    sink: socket.socket,
+    deaf: threading.Event | None,
+    record: Callable[[bytes], None] | None = None,
+) -> None:
     """Copies until either side closes, then closes the other (a server waits for its clients
     to go before it shuts down)."""
     try:
         while data := source.recv(65536):
+            if record is not None:
+                record(data)
             if deaf is None or not deaf.is_set():
                 sink.sendall(data)
     except OSError:

@@ -11,15 +11,27 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.exceptions import StarletteDeprecationWarning
 
+from pin_pipelines.api.app import create_app
+from pin_pipelines.api.auth import TokenVerifier
+from pin_pipelines.api.jwks import JwksCache
+from pin_pipelines.api.observe import ApiMetrics
+from pin_pipelines.api.pool import ClickHousePool
 from pin_pipelines.stack.process import free_port
 from tests.support.cli import PIN
+from tests.support.idp import AUDIENCE, ISSUER, IdentityProvider
+
+with warnings.catch_warnings():  # starlette 1.x would rather have the httpx2 fork; httpx works
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
 
 
 class ApiProcess:
@@ -102,3 +114,16 @@ def running_api(env: dict[str, str], logs: Path, *, deaf: bool = False) -> Itera
         yield api
     finally:
         api.kill()
+
+
+@contextmanager
+def api_client(
+    clickhouse_url: str, idp: IdentityProvider, metrics: ApiMetrics | None = None
+) -> Iterator[TestClient]:
+    """The real read API app (`create_app`) over `clickhouse_url`, served in this process through
+    FastAPI's TestClient, trusting `idp`'s tokens (its JWKS fetched over HTTP)."""
+    verifier = TokenVerifier(JwksCache(idp.jwks_url), issuer=ISSUER, audience=AUDIENCE)
+    verifier.keys.load()
+    app = create_app(pool := ClickHousePool(clickhouse_url), verifier, metrics or ApiMetrics())
+    with pool, TestClient(app, raise_server_exceptions=False) as client:
+        yield client

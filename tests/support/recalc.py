@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -151,6 +151,70 @@ def _test_trigger(conn: psycopg.Connection, name: str, table: str, body: str) ->
     finally:
         conn.execute(f"DROP TRIGGER IF EXISTS {name} ON chessboard.{table}")
         conn.execute(f"DROP FUNCTION IF EXISTS chessboard.{name}()")
+
+
+@contextmanager
+def server_edit(
+    conn: psycopg.Connection,
+    dsn: str,
+    edit: str,
+    *,
+    on: str,
+    when: str,
+    table: str = "project_recalc_requests",
+) -> Iterator[None]:
+    """While inside: the first row of chessboard.<table> that an AFTER `on` (UPDATE or DELETE)
+    row trigger meets with the plpgsql condition `when` (on OLD and NEW) sends `edit` to another
+    session (dblink) and returns once that session waits for a lock (or after 5 s): an edit
+    that arrives from the server at that very point of the drain's transaction."""
+    body = f"""
+        IF NOT ({when})
+           OR 'server_edit' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
+            RETURN NULL;
+        END IF;
+        PERFORM dblink_connect('server_edit', {psycopg.sql.quote(dsn)});
+        SELECT t.pid INTO v_pid FROM dblink('server_edit', 'SELECT pg_backend_pid()') AS t(pid int);
+        PERFORM dblink_send_query('server_edit', {psycopg.sql.quote(edit)});
+        FOR i IN 1..500 LOOP
+            -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
+            PERFORM pg_stat_clear_snapshot();
+            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
+                              WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
+            PERFORM pg_sleep(0.01);
+        END LOOP;
+        RETURN NULL;
+    """
+    conn.execute(
+        f"""
+        CREATE EXTENSION IF NOT EXISTS dblink;
+        CREATE FUNCTION chessboard.test_server_edit() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        DECLARE v_pid int;
+        BEGIN {body} END $$;
+        CREATE TRIGGER test_server_edit AFTER {on} ON chessboard.{table}
+            FOR EACH ROW EXECUTE FUNCTION chessboard.test_server_edit();
+        """
+    )
+    try:
+        yield
+    finally:
+        conn.execute(f"DROP TRIGGER test_server_edit ON chessboard.{table}")
+        conn.execute("DROP FUNCTION chessboard.test_server_edit()")
+        conn.execute("DROP EXTENSION dblink")
+
+
+def claim_hook(
+    conn: psycopg.Connection, project: UUID, dsn: str, edit: str
+) -> AbstractContextManager[None]:
+    """server_edit at the first claim of `project` (the claim's UPDATE sets claimed_at)."""
+    return server_edit(
+        conn,
+        dsn,
+        edit,
+        on="UPDATE",
+        when=f"NEW.project_id = '{project}' AND NEW.claimed_at IS NOT NULL"
+        " AND OLD.claimed_at IS NULL",
+    )
 
 
 def sleeping_backends(conn: psycopg.Connection) -> int:

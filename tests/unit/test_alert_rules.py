@@ -50,6 +50,18 @@ def test_every_rule_links_a_runbook_section_that_exists() -> None:
         assert anchor in anchors, f"{name} links #{anchor}, which docs/runbook.md does not have"
 
 
+def test_the_backlog_alerts_leave_poisoned_rows_to_the_poison_alert() -> None:
+    """Spec 000's chessboard_recalc_due_backlog counts poisoned rows (due until requeued): the
+    backlog and stalled-worker alerts watch the gauge without them, or one poisoned row would
+    page for ever beside CHESSBOARD_RECALC_POISON (alerts_test.yml plays it). Tried: both rules
+    on the spec's gauge again; this test and that promtool case fail."""
+    rules = rules_of(render_rules())
+    for name in ("CHESSBOARD_RECALC_BACKLOG", "CHESSBOARD_RECALC_WORKER_STALLED"):
+        names = set(re.findall(r"chessboard_recalc_due_backlog\w*", str(rules[name]["expr"])))
+        assert names == {"chessboard_recalc_due_backlog_unpoisoned"}, (name, names)
+    assert "poisoned_requests" in str(rules["CHESSBOARD_RECALC_POISON"]["expr"])
+
+
 def test_other_thresholds_render_valid_rules_with_their_numbers(tmp_path: Path) -> None:
     thresholds = thresholds_with(
         [

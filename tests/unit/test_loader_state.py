@@ -11,6 +11,7 @@ import uuid
 from confluent_kafka import Message
 
 from pin_pipelines.devstats.batches import BatchBuffer, decode
+from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.devstats.progress import PartitionProgress
 from pin_pipelines.devstats.replay import IdRange, RangedReplay
 from tests.support.devstats import Group
@@ -120,3 +121,23 @@ def test_decode_sets_aside_unreadable_messages_and_a_ranged_replays_other_groups
     batch.fresh = list(batch.newest.values())
     batch.visible_ms = 3_500.0
     assert batch.freshness() == [2.5] and batch.stale == 0
+
+
+def test_the_default_batch_is_at_most_1000_events_or_5_seconds() -> None:
+    """Spec 003: the loader stores in batches of ≤ 1000 events / 5 s, and every path loads with
+    LoadOptions' defaults for them (`pin devstats load`, `--once`, the Dagster asset set only
+    max_seconds and should_stop). Tried: the defaults, and a buffer built from them as the
+    loader builds it: full (ready, no room) at the 1000th event, and ready once 5 s have passed
+    since its first event with more coming. Broken on purpose: batch_size 2000 or
+    batch_seconds 10 as defaults each fail the first assertion."""
+    options = LoadOptions()
+    assert options.batch_size <= 1000 and options.batch_seconds <= 5.0
+    group = Group()
+    full = BatchBuffer(options.batch_size, options.batch_seconds)
+    for offset in range(1000):
+        full.add(message(group, 1, offset=offset), 0, offset)
+    assert full.room <= 0 and full.ready(more_coming=True)
+    slow = BatchBuffer(options.batch_size, options.batch_seconds)
+    slow.add(message(group, 1), 0, 0)
+    slow.started -= 5.0  # its first event arrived 5 s ago
+    assert slow.ready(more_coming=True)

@@ -10,7 +10,6 @@ from pin_pipelines.recalc import (
     RecalcReason,
     drain_until_idle,
     force_recalc,
-    poisoned_requests,
     requeue_poisoned,
 )
 from pin_pipelines.run_tags import DRAIN_JOB_TAGS
@@ -47,12 +46,12 @@ def drain_recalc_queue(
         )
     else:
         context.log_event(dg.AssetObservation(asset_key=CHESSBOARD_AGGREGATES, metadata=metadata))
-    if run.poisoned:
-        ids = [str(r.project_id) for r in poisoned_requests(pin.get().pg_dsn)]
+    if run.newly_poisoned:  # once, by the run that parked them; the check keeps showing them
+        ids = [str(p) for p in run.newly_poisoned]
         context.log.error(
-            f"CHESSBOARD_RECALC_POISON: {run.poisoned} project(s) parked after repeated "
-            f"failures: {ids}; see the no_poisoned_recalc_requests check and run"
-            " requeue_poisoned_job"
+            f"CHESSBOARD_RECALC_POISON: {len(ids)} project(s) parked after repeated failures"
+            f" in this run: {ids} ({run.poisoned} parked in all); see the"
+            " no_poisoned_recalc_requests check and run requeue_poisoned_job"
         )
     stop.end()
 

@@ -2,6 +2,11 @@
 -- security: every query filters DeveloperId = the actor): pin_pipelines/devstats/reads.py, which takes
 -- an Actor, never a raw developer id. The operator reads are in dim_layout_group.sql.
 --
+-- The scope, like the project, filters a group's CURRENT row (HAVING argMax(DeveloperId, …)), not
+-- its raw rows: a group whose newest version moved it to another developer is no longer the old
+-- developer's, merged or not. A WHERE DeveloperId = actor would keep the old row alone in the read
+-- until ClickHouse merges, so the old developer would go on getting the group's name.
+--
 -- Reads of pin_dev_stats.dim_layout_group. Duplicate-safe before merges: the current row of a group
 -- is argMax(…, (UpsertedAt, SourceVersion)) … GROUP BY LayoutGroupId; FINAL is never used online
 -- (spec 003). UpsertedAt decides; SourceVersion breaks its ties. Ties are routine on Debian's 18.16
@@ -15,22 +20,23 @@
 -- the 18.16 server, a labels read of 100 ids: 2.4-2.9 ms of server CPU instead of 3.4-3.7 ms).
 
 -- name: labels
--- Names of the actor's groups; a group of another developer is not visible, nor (when project_id
--- is not NULL) one whose current row is in another project. The developer filters rows (spec 003
--- scope: another developer's rows never enter the read); the project filters the current row, so
--- a group moved out of the project is not labelled with its old name. The ids are a UuidSet too.
+-- Names of the actor's groups; a group whose current row is another developer's is not visible,
+-- nor (when project_id is not NULL) one whose current row is in another project, so a group moved
+-- away is not labelled with its old name. The ids are a UuidSet too.
 SELECT LayoutGroupId, argMax(Name, (UpsertedAt, SourceVersion))
 FROM pin_dev_stats.dim_layout_group
-WHERE DeveloperId = %(developer_id)s AND LayoutGroupId IN %(ids)s
+WHERE LayoutGroupId IN %(ids)s
 GROUP BY LayoutGroupId
-HAVING %(project_id)s IS NULL OR argMax(ProjectId, (UpsertedAt, SourceVersion)) = %(project_id)s
+HAVING argMax(DeveloperId, (UpsertedAt, SourceVersion)) = %(developer_id)s
+   AND (%(project_id)s IS NULL OR argMax(ProjectId, (UpsertedAt, SourceVersion)) = %(project_id)s)
 SETTINGS max_threads = 1;
 
 -- name: groups
--- The actor's groups in display order, archived ones included (they still label old facts);
--- only those of one project when project_id is not NULL (as in labels). Ties of SortOrder go by
--- the id's text: ClickHouse compares UUIDs by their halves in an engine-dependent order, the text
--- is the same everywhere (and what a client sorting ids gets).
+-- The actor's groups (their current row the actor's) in display order, archived ones included
+-- (they still label old facts); only those of one project when project_id is not NULL (as in
+-- labels). Every group is read to find its current row: the dimension holds hundreds (spec 003).
+-- Ties of SortOrder go by the id's text: ClickHouse compares UUIDs by their halves in an
+-- engine-dependent order, the text is the same everywhere (and what a client sorting ids gets).
 SELECT
     LayoutGroupId,
     argMax(ProjectId, (UpsertedAt, SourceVersion)) AS project_id,
@@ -39,9 +45,9 @@ SELECT
     argMax(IsArchived, (UpsertedAt, SourceVersion)),
     argMax(SourceVersion, (UpsertedAt, SourceVersion))
 FROM pin_dev_stats.dim_layout_group
-WHERE DeveloperId = %(developer_id)s
 GROUP BY LayoutGroupId
-HAVING %(project_id)s IS NULL OR project_id = %(project_id)s
+HAVING argMax(DeveloperId, (UpsertedAt, SourceVersion)) = %(developer_id)s
+   AND (%(project_id)s IS NULL OR project_id = %(project_id)s)
 ORDER BY sort_order, toString(LayoutGroupId)
 SETTINGS max_threads = 1;
 

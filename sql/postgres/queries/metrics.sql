@@ -5,12 +5,15 @@
 -- record_loader_batch), each session into its own shard; the readers below sum the shards.
 
 -- name: queue_gauges()^
--- The queue at scrape time. due_backlog leaves poisoned rows out: they stay due forever by
--- design and have their own alert (CHESSBOARD_RECALC_POISON); counting them here would hold
--- CHESSBOARD_RECALC_BACKLOG on until a person requeues them.
+-- The queue at scrape time. due_backlog is spec 000's: every row with due_at < now(), poisoned
+-- ones included. due_backlog_unpoisoned leaves those out: they stay due forever by design and
+-- have their own alert (CHESSBOARD_RECALC_POISON), so CHESSBOARD_RECALC_BACKLOG watches this one
+-- rather than stay on until a person requeues them.
 SELECT count(r.project_id) AS depth,
+       count(r.project_id) FILTER (WHERE r.due_at < now()) AS due_backlog,
        count(r.project_id) FILTER (
-           WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts) AS due_backlog,
+           WHERE r.due_at < now() AND r.attempt_count < s.poison_attempts)
+           AS due_backlog_unpoisoned,
        (SELECT count(*) FROM chessboard.poisoned_recalc_requests()) AS poisoned,
        coalesce(extract(epoch FROM now() - min(r.due_at) FILTER (
            WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts)), 0)::float8

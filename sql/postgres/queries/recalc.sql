@@ -22,15 +22,17 @@
 -- due_at (up to the starvation cap) and updated_at, but never postpone the retry of a failure.
 
 -- name: count_due_requests()$
--- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog, as the
--- metrics count it, so a row overdue while it waits for a retry or runs in another drain shows.
+-- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog without
+-- poisoned rows (chessboard_recalc_due_backlog_unpoisoned), so a row overdue while it waits for
+-- a retry or runs in another drain shows.
 SELECT count(*)
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts;
 
--- name: batch_size()$
--- Projects per tick when the caller does not say (NULL without a settings row: the drain's default).
-SELECT batch_size FROM chessboard.recalc_settings;
+-- name: tick_settings()^
+-- Projects per tick when the caller does not say, and the failed runs that make a row poison (no
+-- row without a settings row: the drain's default batch, and no row is ever poison).
+SELECT batch_size, poison_attempts FROM chessboard.recalc_settings;
 
 -- name: settle_abandoned_claims()
 -- First thing of a tick: claims whose drain died inside the attempt (OOM kill, a lost host) are
