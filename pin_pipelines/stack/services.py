@@ -84,6 +84,8 @@ def down(
     kafka_brokers: int | None = None,
     secure: bool = False,
 ) -> list[Result]:
+    if secure:  # the secured estate alone: the plain stack beside it keeps running
+        return SecuredEstate(settings).down()
     # Down stops whatever runs, flags or not: a server left behind would hold its port.
     cluster = LocalClickHouseCluster.from_settings(settings)
     results = cluster.down() if clickhouse_cluster or cluster.is_running() else []
