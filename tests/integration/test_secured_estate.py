@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -30,9 +31,11 @@ import pytest
 from psycopg import sql
 
 from pin_pipelines.config import Settings, dagster_pg_dsn, dagster_pg_url_from
+from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
+from pin_pipelines.defs.relay.jobs import outbox_relay_job
 from pin_pipelines.stack.postgres import scram_verifier
 from pin_pipelines.stack.process import free_port, wait_until
-from pin_pipelines.stack.secure import SecuredEstate
+from pin_pipelines.stack.secure import KAFKA_CLIENT, SecuredEstate
 from tests.support.api import running_api
 from tests.support.chessboard import make_building, make_layout, make_layout_group, make_object
 from tests.support.chessboard import make_project as make_project_row
@@ -153,10 +156,15 @@ def test_pin_serve_carries_an_edit_to_the_dimension_as_the_worker(
     """Tried: `pin serve` as the worker login on the secured estate (Dagster's storage in its
     `dagster` database, granted by the owner's migrate); a group renamed and its project due.
     The sensors' drain, relay and load runs carry the new name to the dimension, where the
-    reader sees it; a SIGTERM stops `pin serve` with status 0 and no run ended FAILURE."""
+    reader sees it. Then Kafka's SCRAM password is rotated on the broker and in the file
+    PIN_KAFKA_CONFIG names, `pin serve` left running: a relay run and a load run launched after
+    the rotation (new clients, the new password) succeed, and a second rename made after it
+    reaches the dimension. A SIGTERM stops `pin serve` with status 0; no run ended FAILURE."""
     home = tmp_path / "dagster_home"
     env = {**os.environ, **secured.env(WORKER, DAGSTER_HOME=str(home))}
     env["PIN_DAGSTER_PORT"] = str(free_port())
+    env["PIN_LONG_RUN_SECONDS"] = "60"  # long-lived runs hand over soon after the rotation
+    monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])  # the instance's storage
     with psycopg.connect(env["PIN_PG_DSN"], autocommit=True) as conn:
         tenant, _, group = _catalogue(conn)
         conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
@@ -182,6 +190,32 @@ def test_pin_serve_carries_an_edit_to_the_dimension_as_the_worker(
             )
             conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
         wait_until(lambda: named("Люкс"), timeout=120, what="the renamed group in the dimension")
+        kafka = secured.estate.kafka
+        kafka.rotate_scram_password()
+        kafka.client_properties(KAFKA_CLIENT)  # the file PIN_KAFKA_CONFIG names, rewritten
+        rotated = datetime.now(UTC).timestamp()
+        with psycopg.connect(env["PIN_PG_DSN"], autocommit=True) as conn:
+            conn.execute(
+                "UPDATE chessboard.layout_groups SET name = 'Пентхаусы' WHERE id = %s", (group,)
+            )
+            conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+
+            def ran_after_rotation(job: str) -> bool:
+                runs = instance.get_run_records(
+                    dg.RunsFilter(job_name=job, statuses=[dg.DagsterRunStatus.SUCCESS])
+                )
+                return any((r.start_time or 0) > rotated for r in runs)
+
+            wait_until(
+                lambda: (
+                    named("Пентхаусы")
+                    and ran_after_rotation(outbox_relay_job.name)
+                    and ran_after_rotation(dim_layout_group_job.name)
+                ),
+                timeout=180,
+                what="relay and load runs with the rotated password",
+            )
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=90)
         assert serve.returncode == 0, log.read_text()[-3000:]
@@ -189,7 +223,6 @@ def test_pin_serve_carries_an_edit_to_the_dimension_as_the_worker(
         kill_session(serve.pid)
         serve.wait(timeout=30)
         secured.outputs.append(log.read_text())
-    monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])  # the instance's storage
     with dg.DagsterInstance.from_config(str(home)) as instance:
         failed = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     assert failed == [], [r.job_name for r in failed]
