@@ -248,11 +248,19 @@ def test_a_lock_wait_on_the_claimed_row_defers_that_project_and_the_tick_goes_on
     deferred with its attempt given back, and the second project of the batch is recalculated in
     the same tick. The claim and the work are two transactions of one recalc_tick call, so the
     edit is started from the claim itself: a test trigger on the claim's UPDATE sends it over
-    dblink (another session) and returns once it waits for the claim's row lock, which it then
-    takes when the claim commits, ahead of the work's lock."""
+    dblink (another session) and returns once it waits for a lock the claim holds.
+
+    The edit first asks for the queue table in EXCLUSIVE mode, queued behind the claim's ROW
+    EXCLUSIVE: the lock manager grants it in queue order as the claim commits, so the edit
+    holds the queue (and then the claimed row, by its upsert) before the work asks, every time.
+    Waiting for the claim's row lock alone left it to the scheduler which session woke first
+    after the commit: on a loaded machine the work usually took the row, recalculated the
+    project, and the test failed (3 runs in 4). The work's wait (its lock_timeout covers the
+    table's lock as the row's) and its outcome are the same."""
     first, second = _two_due_projects(db)
     edit = (
-        "BEGIN; SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
+        "BEGIN; LOCK TABLE chessboard.project_recalc_requests IN EXCLUSIVE MODE;"
+        " SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
         f" FROM chessboard.projects WHERE id = '{first}'; SELECT pg_sleep(1.5); COMMIT;"
     )
     with claim_hook(db, first, pg_dsn, edit):
