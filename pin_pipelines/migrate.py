@@ -3,11 +3,9 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 from yoyo import get_backend, read_migrations
 
-from pin_pipelines.config import SQL_DIR, Settings
+from pin_pipelines.config import SQL_DIR, Settings, with_driver
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
 
@@ -21,8 +19,7 @@ PG_SCHEMA_FILES = ("catalogue.sql", "queue.sql", "outbox.sql", "metrics.sql", "r
 def migrate_postgres(dsn: str) -> list[str]:
     """Apply pending migrations under yoyo's lock (two concurrent `migrate`s do not race)."""
     connect(dsn).close()  # a clear error when the server is not there, before yoyo's own
-    parts = urlsplit(dsn)
-    backend = get_backend(urlunsplit(parts._replace(scheme="postgresql+psycopg")))
+    backend = get_backend(with_driver(dsn, "postgresql+psycopg"))
     migrations = read_migrations(str(PG_MIGRATIONS))
     with backend.lock():
         pending = backend.to_apply(migrations)

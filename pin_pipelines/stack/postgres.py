@@ -86,9 +86,7 @@ class LocalPostgres:
         started = time.monotonic()
         if not self.target.is_local:
             if not self.answers():
-                raise PinError(
-                    f"external PostgreSQL at {self.target.host}:{self.target.port} does not answer"
-                )
+                raise PinError(f"external PostgreSQL at {self.target.address} does not answer")
             self._create_databases()
             return {"service": "postgresql", "state": "external", "ready_seconds": 0.0}
         self._init_cluster()
