@@ -36,14 +36,14 @@ def _major(pg_ctl: Path) -> int:
         return 0
 
 
-def _as_owner(argv: list[str]) -> list[str]:
+def as_owner(argv: list[str]) -> list[str]:
     """PostgreSQL refuses to run as root: as root, run its tools as the `postgres` system user."""
     if os.geteuid() != 0:
         return argv
     return ["runuser", "-u", "postgres", "--", *argv]
 
 
-def _owner_ids() -> tuple[int, int]:
+def owner_ids() -> tuple[int, int]:
     if os.geteuid() != 0:
         return os.getuid(), os.getgid()
     entry = pwd.getpwnam("postgres")
@@ -58,8 +58,8 @@ class LocalPostgres:
         self.data = self.root / "data"
         self.logfile = self.root / "postgres.log"
 
-    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = _as_owner([str(bindir() / "pg_ctl"), "-D", str(self.data), *args])
+    def pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = as_owner([str(bindir() / "pg_ctl"), "-D", str(self.data), *args])
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
         if check and result.returncode != 0:
             raise PinError(f"pg_ctl {args[0]} failed: {(result.stderr or result.stdout).strip()}")
@@ -68,7 +68,7 @@ class LocalPostgres:
     def running(self) -> bool:
         return (
             self.data.joinpath("PG_VERSION").exists()
-            and self._pg_ctl("status", check=False).returncode == 0
+            and self.pg_ctl("status", check=False).returncode == 0
         )
 
     def answers(self) -> bool:
@@ -95,9 +95,9 @@ class LocalPostgres:
         if self.running():
             # The dead-peer bounds take effect on a reload (a changed port or memory setting
             # waits for the next start).
-            self._pg_ctl("reload")
+            self.pg_ctl("reload")
         else:
-            self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile))
+            self.pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile))
             action = "started"
         wait_until(self.answers, timeout=60, what="PostgreSQL", logfile=self.logfile)
         self._create_databases()
@@ -112,7 +112,7 @@ class LocalPostgres:
     def down(self) -> dict[str, object]:
         if not self.target.is_local or not self.running():
             return {"service": "postgresql", "state": "stopped"}
-        self._pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+        self.pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
         return {"service": "postgresql", "state": "stopped"}
 
     def status(self) -> dict[str, object]:
@@ -131,12 +131,12 @@ class LocalPostgres:
     def _init_cluster(self) -> None:
         if self.data.joinpath("PG_VERSION").exists():
             return
-        uid, gid = _owner_ids()
+        uid, gid = owner_ids()
         for folder in (self.root, self.data, self.root / "run"):
             folder.mkdir(parents=True, exist_ok=True)
             os.chown(folder, uid, gid)
         self.data.chmod(0o700)
-        argv = _as_owner(
+        argv = as_owner(
             [
                 str(bindir() / "initdb"),
                 "-D",
@@ -170,7 +170,7 @@ class LocalPostgres:
             "log_min_duration_statement = 2000\n"
             + "".join(f"{name} = {value}\n" for name, value in PG_SERVER_DEAD_PEER_SETTINGS.items())
         )
-        uid, gid = _owner_ids()
+        uid, gid = owner_ids()
         os.chown(conf, uid, gid)
 
     def _create_databases(self) -> None:
