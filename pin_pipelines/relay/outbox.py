@@ -250,7 +250,11 @@ class OutboxRelay:
             )
             self._seq = last_seq
             return
-        firsts, lasts = _bigint_array(receipt.firsts), _bigint_array(receipt.lasts)
+        behind = [receipt]
+        if receipt.seq > last_seq + 1:
+            behind = self._receipts_behind(last_seq, receipt)
+        firsts = _bigint_array([first for r in behind for first in r.firsts])
+        lasts = _bigint_array([last for r in behind for last in r.lasts])
         with conn.transaction():
             published = dict(Q.count_runs(conn, firsts=firsts, lasts=lasts))
             Q.delete_published(conn, firsts=firsts, lasts=lasts)
@@ -263,11 +267,29 @@ class OutboxRelay:
             "relay_recovered",
             level=logging.WARNING,
             seq=receipt.seq,
-            # Above 1: PostgreSQL is behind Kafka by whole transactions (restored from a
-            # backup?); the events of the ones in between are in the outbox again.
+            # Above 1: PostgreSQL is behind Kafka by whole transactions (failed over to a
+            # standby that lagged, restored from a backup): the rows of each are deleted.
             transactions_behind=receipt.seq - last_seq,
             deleted=sum(published.values()),
         )
+
+    def _receipts_behind(self, last_seq: int, last: receipts.Receipt) -> list[receipts.Receipt]:
+        """Every receipt PostgreSQL has not recorded: rows of the earlier ones may be back in
+        the outbox too (they were there before the lost transactions deleted them), and must
+        not go out twice. One compacted away is logged: its rows, if back, go out again."""
+        found = receipts.receipts_after(
+            self.settings.kafka_bootstrap, self._receipt_key, last_seq, self.delivery_timeout
+        )
+        missing = sorted(set(range(last_seq + 1, last.seq + 1)) - {r.seq for r in found})
+        if missing:
+            log_event(
+                log,
+                "relay_receipts_missing",
+                level=logging.ERROR,
+                seqs=missing,
+                topic=TOPIC_RELAY_COMMITS,
+            )
+        return [*found, last] if not found or found[-1].seq != last.seq else found
 
     def _batch(
         self, conn: psycopg.Connection, sender: Sender, horizon: int, summary: RelaySummary

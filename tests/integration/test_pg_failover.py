@@ -26,6 +26,7 @@ import dagster as dg
 import psycopg
 import pytest
 
+from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from
 from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.errors import PinError, first_line
@@ -38,7 +39,8 @@ from pin_pipelines.kafka import (
 )
 from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.recalc.drain import drain_tick
-from pin_pipelines.relay import OutboxRelay, topic_end_offsets
+from pin_pipelines.reconcile import Repair, reconcile
+from pin_pipelines.relay import OutboxRelay, relay_once, topic_end_offsets
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import (
     make_building,
@@ -50,7 +52,7 @@ from tests.support.chessboard import (
 from tests.support.cli import run_pin, summary
 from tests.support.history import Written, check, dimension_versions, read_committed
 from tests.support.pg_standby import StreamingPair, streaming_pair
-from tests.support.recalc import set_settings
+from tests.support.recalc import drain_until_empty, set_settings
 from tests.support.truth import drift
 
 #: CONTRACT §9: every leg reaches the new primary within this many seconds, no operator.
@@ -363,3 +365,74 @@ def _settled(conn: psycopg.Connection) -> bool:
         " + (SELECT count(*) FROM chessboard.outbox_events)"
     ).fetchone()
     return row is not None and row[0] == 0
+
+
+def edit_areas(conn: psycopg.Connection, area: int) -> None:
+    """Every layout's area changed: every project, group and layout gets a new Version."""
+    conn.execute("UPDATE chessboard.layouts SET total_area = %s", (Decimal(area),))
+
+
+def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_repairs(
+    topics: Topics, ch: ClickHouse, chdb_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Tried: an asynchronous standby that stopped receiving WAL, then on the primary alone
+    two relayed batches (the first of rows drained before the cut, the second of rows drained
+    after it) and a load; the primary killed (`-m immediate`) and the standby promoted without
+    them. The new primary's outbox holds the first batch's rows again and records neither
+    batch. The relay on the new primary must publish neither batch again (it reads every
+    receipt after the seq PostgreSQL recorded, not only the last one); `pin reconcile` reports
+    the groups whose Version in Kafka and the dimension is beyond the new primary
+    (`ahead_version`), and `pin reconcile --repair` converges the dimension."""
+    with streaming_pair() as pair:
+        dsn = pair.dsn
+        migrate_postgres(dsn)
+        settings = Settings.from_env(
+            {
+                "PIN_PG_DSN": dsn,
+                "PIN_CLICKHOUSE_URL": chdb_url,
+                "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+                "PIN_STATE_DIR": str(tmp_path),
+                "PIN_RELAY_TRANSACTIONAL_ID": f"pin-outbox-relay-failover-{topics.suffix}",
+            }
+        )
+        options = LoadOptions(
+            topic=topics.private[TOPIC_LAYOUT_GROUP],
+            dlq_topic=f"pin.test.dlq.{topics.suffix}",
+            group=f"pin-test-failover-{topics.suffix}",
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            private_outbox(conn, topics)
+            seed(conn)
+            drain_until_empty(conn, dsn)
+            relay_once(settings)
+            load_once(settings, options)
+            edit_areas(conn, 50)
+            drain_until_empty(conn, dsn)  # rows the standby receives, published after the cut
+            pair.cut_replication()
+            lost = relay_once(settings).published  # batch 1: rows the new primary will hold
+            edit_areas(conn, 70)
+            drain_until_empty(conn, dsn)
+            lost += relay_once(settings).published  # batch 2: rows it will never have seen
+            load_once(settings, options)
+            written = {own: journal(conn, own) for own in topics.private.values()}
+        assert lost > 0
+        pair.fail_over()
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.info.port == pair.standby.target.port
+            assert conn.execute("SELECT count(*) FROM chessboard.outbox_events").fetchone() != (0,)
+        recovered = relay_once(settings)
+        assert recovered.published == 0, recovered.as_dict()
+        for own, events in written.items():
+            start = {own: dict.fromkeys(topic_end_offsets(kafka_bootstrap, [own])[own], 0)}
+            check(events, read_committed(kafka_bootstrap, start)).assert_clean()
+
+        found = reconcile(settings)
+        groups = found.dim.checked
+        assert found.dim.by_kind["ahead_version"] == groups == 2 * PROJECTS, found.as_dict()
+        assert found.aggregates.summary()["projects_drifted"] == 0, found.as_dict()
+        assert reconcile(settings, repair=True).repair == Repair(0, groups)
+        relay_once(settings)
+        load_once(settings, options)
+        healed = reconcile(settings).as_dict()
+        assert (healed["projects_drifted"], healed["dim_rows_drifted"]) == (0, 0), healed
