@@ -37,16 +37,28 @@ class Receipt:
     seq: int
     firsts: list[int]
     lasts: list[int]
+    #: The newest created_at (epoch ms) of the rows it published; None in receipts written
+    #: before it was recorded. A row created later, under an id of the runs, is another row.
+    created_upto_ms: int | None = None
 
 
-def encode(seq: int, firsts: list[int], lasts: list[int]) -> bytes:
-    """The receipt of transaction `seq`: the runs of consecutive ids it published."""
-    return json.dumps({"seq": seq, "first_ids": firsts, "last_ids": lasts}).encode()
+def encode(seq: int, firsts: list[int], lasts: list[int], created_upto_ms: int) -> bytes:
+    """The receipt of transaction `seq`: the runs of consecutive ids it published, and the
+    newest of their rows' created_at."""
+    return json.dumps(
+        {"seq": seq, "first_ids": firsts, "last_ids": lasts, "created_upto_ms": created_upto_ms}
+    ).encode()
 
 
 def decode(value: bytes) -> Receipt:
     data = json.loads(value)
-    return Receipt(int(data["seq"]), list(data["first_ids"]), list(data["last_ids"]))
+    upto = data.get("created_upto_ms")
+    return Receipt(
+        int(data["seq"]),
+        list(data["first_ids"]),
+        list(data["last_ids"]),
+        None if upto is None else int(upto),
+    )
 
 
 def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:

@@ -17,6 +17,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -376,13 +377,15 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
     topics: Topics, ch: ClickHouse, chdb_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """Tried: an asynchronous standby that stopped receiving WAL, then on the primary alone
-    two relayed batches (the first of rows drained before the cut, the second of rows drained
-    after it) and a load; the primary killed (`-m immediate`) and the standby promoted without
-    them. The new primary's outbox holds the first batch's rows again and records neither
-    batch. The relay on the new primary must publish neither batch again (it reads every
-    receipt after the seq PostgreSQL recorded, not only the last one); `pin reconcile` reports
-    the groups whose Version in Kafka and the dimension is beyond the new primary
-    (`ahead_version`), and `pin reconcile --repair` converges the dimension."""
+    three relayed batches (the first of rows drained before the cut, two of edits made after
+    it) and a load; the primary killed (`-m immediate`) and the standby promoted without them.
+    The new primary's outbox holds the first batch's rows again and records none of the
+    batches, and its outbox ids restart below the lost ones: an edit drained there before any
+    relay runs gets ids the lost receipts name. The relay on the new primary must publish no
+    receipted row again (it reads every receipt above the seq PostgreSQL recorded, not only
+    the last) and must publish the new rows (a receipt covers only rows created up to its
+    batch's newest); `pin reconcile` reports the groups whose Version in the dimension is
+    beyond the new primary (`ahead_version`), and `--repair` converges the dimension."""
     with streaming_pair() as pair:
         dsn = pair.dsn
         migrate_postgres(dsn)
@@ -405,28 +408,39 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
             seed(conn)
             drain_until_empty(conn, dsn)
             relay_once(settings)
-            load_once(settings, options)
             edit_areas(conn, 50)
             drain_until_empty(conn, dsn)  # rows the standby receives, published after the cut
             pair.cut_replication()
             lost = relay_once(settings).published  # batch 1: rows the new primary will hold
-            edit_areas(conn, 70)
-            drain_until_empty(conn, dsn)
-            lost += relay_once(settings).published  # batch 2: rows it will never have seen
+            for area in (70, 80):  # batches 2 and 3: rows it will never have seen
+                edit_areas(conn, area)
+                drain_until_empty(conn, dsn)
+                lost += relay_once(settings).published
             load_once(settings, options)
-            written = {own: journal(conn, own) for own in topics.private.values()}
+            before = {own: journal(conn, own) for own in topics.private.values()}
         assert lost > 0
         pair.fail_over()
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             assert conn.info.port == pair.standby.target.port
             assert conn.execute("SELECT count(*) FROM chessboard.outbox_events").fetchone() != (0,)
-        recovered = relay_once(settings)
-        assert recovered.published == 0, recovered.as_dict()
-        for own, events in written.items():
+            edit_areas(conn, 90)
+            drain_until_empty(conn, dsn)
+            after = {own: journal(conn, own) for own in topics.private.values()}
+        relay_once(settings)
+        for own, old in before.items():
+            old_ids = {w.event_id for w in old}
+            new_ids = {w.event_id for w in after[own]} - old_ids
             start = {own: dict.fromkeys(topic_end_offsets(kafka_bootstrap, [own])[own], 0)}
-            check(events, read_committed(kafka_bootstrap, start)).assert_clean()
+            reads = read_committed(kafka_bootstrap, start)
+            counts = Counter(r.event_id for r in reads)
+            assert set(counts) == old_ids | new_ids and set(counts.values()) == {1}, (
+                f"{own}: {len(old_ids | new_ids - set(counts))} events lost,"
+                f" {sum(n - 1 for n in counts.values())} published twice"
+            )
+            check(old, [r for r in reads if r.event_id in old_ids]).assert_clean()
 
+        load_once(settings, options)
         found = reconcile(settings)
         groups = found.dim.checked
         assert found.dim.by_kind["ahead_version"] == groups == 2 * PROJECTS, found.as_dict()
