@@ -435,7 +435,7 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
             reads = read_committed(kafka_bootstrap, start)
             counts = Counter(r.event_id for r in reads)
             assert set(counts) == old_ids | new_ids and set(counts.values()) == {1}, (
-                f"{own}: {len(old_ids | new_ids - set(counts))} events lost,"
+                f"{own}: {len((old_ids | new_ids) - set(counts))} events lost,"
                 f" {sum(n - 1 for n in counts.values())} published twice"
             )
             check(old, [r for r in reads if r.event_id in old_ids]).assert_clean()
