@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from pin_pipelines.errors import PinError
 from pin_pipelines.redact import redact_url
@@ -307,32 +307,58 @@ def _days(env: Mapping[str, str], name: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class PgTarget:
-    """The parts of a libpq URL that the local stack needs to own a cluster for it."""
+    """The parts of a libpq URL that the local stack needs to own a cluster for it. A URL may
+    name several hosts (`a:5432,b:5433`, libpq tries them in turn): `host`/`port` are the
+    first, `more_hosts` the others."""
 
     host: str
     port: int
     user: str
     dbname: str
+    more_hosts: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def parse(cls, dsn: str) -> PgTarget:
         parts = urlsplit(dsn)
         if parts.scheme not in ("postgresql", "postgres"):
             raise PinError(f"PIN_PG_DSN must be a postgresql:// URL, got {redact_url(dsn)!r}")
-        try:
-            port = parts.port or 5432
-        except ValueError as exc:
-            raise PinError(f"PIN_PG_DSN has a bad port: {redact_url(dsn)!r}") from exc
+        userinfo, _, _ = parts.netloc.rpartition("@")
+        (host, port), *more = pg_hosts(dsn) or [("127.0.0.1", 5432)]
         return cls(
-            host=parts.hostname or "127.0.0.1",
+            host=host or "127.0.0.1",
             port=port,
-            user=parts.username or "postgres",
+            user=unquote(userinfo.partition(":")[0]) or "postgres",
             dbname=parts.path.lstrip("/") or "pin",
+            more_hosts=tuple(more),
         )
 
     @property
+    def address(self) -> str:
+        """Every host:port, as an operator reads them in a message."""
+        return ",".join(f"{h}:{p}" for h, p in ((self.host, self.port), *self.more_hosts))
+
+    @property
     def is_local(self) -> bool:
-        return self.host in LOOPBACK_HOSTS
+        """One loopback host: a cluster the stack can own. Several hosts are a primary and its
+        standbys, run by their operator."""
+        return not self.more_hosts and self.host in LOOPBACK_HOSTS
+
+
+def pg_hosts(dsn: str) -> list[tuple[str, int]]:
+    """The host:port pairs of a libpq URL's netloc, in order (`[::1]:5432` too); a host without
+    a port gets 5432."""
+    hostlist = urlsplit(dsn).netloc.rpartition("@")[2]
+    found = []
+    for entry in hostlist.split(",") if hostlist else []:
+        if entry.startswith("["):
+            host, _, rest = entry[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = entry.partition(":")
+        if port and not (port.isdecimal() and 0 < int(port) < 65536):
+            raise PinError(f"PIN_PG_DSN has a bad port: {redact_url(dsn)!r}")
+        found.append((unquote(host), int(port or 5432)))
+    return found
 
 
 def dsn_with_dbname(dsn: str, dbname: str) -> str:
@@ -356,34 +382,36 @@ def with_dead_peer_bounds(url: str) -> str:
 DAGSTER_PG_SCHEME = "postgresql+psycopg2"
 
 
+def with_driver(dsn: str, scheme: str) -> str:
+    """A libpq URL for a client that parses it itself (SQLAlchemy, yoyo) under `scheme`.
+
+    Those take one host:port in the netloc, but hand the query's parameters to libpq, which
+    reads lists there: several hosts move to `?host=a,b&port=1,2`, the form both accept with
+    the installed versions (SQLAlchemy's own `?host=a:1&host=b:2` is SQLAlchemy's alone; libpq,
+    which `pin serve` checks the URL with, would not read it)."""
+    parts = urlsplit(dsn)._replace(scheme=scheme)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return urlunsplit(parts)  # one host (a bad port is PgTarget's to report)
+    hosts = pg_hosts(dsn)
+    query = [
+        ("host", ",".join(h for h, _ in hosts)),
+        ("port", ",".join(str(p) for _, p in hosts)),
+        *parse_qsl(parts.query),
+    ]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}", query=urlencode(query, safe=",")))
+
+
 def dagster_pg_url_from(pg_dsn: str, dbname: str = "dagster") -> str:
-    """Dagster's storage lives in a sibling database `dagster` on the same server, reached with
-    every parameter of `pg_dsn` (TLS, passfile, target_session_attrs).
+    """Dagster's storage lives in a sibling database `dagster` on the same server(s), reached
+    with every parameter of `pg_dsn` (TLS, passfile, target_session_attrs).
 
     It goes through psycopg2: dagster-postgres' SQL fails under SQLAlchemy with psycopg 3.
-    SQLAlchemy reads no host list in the authority (`a:5432,b:5433`): several hosts become its
-    repeated `host=a:5432&host=b:5433` parameters, which it hands to libpq as the same list.
     """
-    parts = urlsplit(dsn_with_dbname(pg_dsn, dbname))
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    if "," in hosts:
-        query = "&".join(
-            q for q in (urlencode([("host", h) for h in hosts.split(",")]), parts.query) if q
-        )
-        netloc = f"{userinfo}@" if userinfo else ""
-        parts = parts._replace(netloc=netloc, query=query)
-    return urlunsplit(parts._replace(scheme=DAGSTER_PG_SCHEME))
+    return with_driver(dsn_with_dbname(pg_dsn, dbname), DAGSTER_PG_SCHEME)
 
 
 def dagster_pg_dsn(storage_url: str) -> str:
-    """The libpq URL of Dagster's storage URL (`dagster_pg_url_from` undone: the project's own
-    connections to it, which go through psycopg 3)."""
-    parts = urlsplit(storage_url)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    hosts = [value for name, value in pairs if name == "host"]
-    if len(hosts) > 1:
-        userinfo, _, _ = parts.netloc.rpartition("@")
-        netloc = f"{userinfo}@" if userinfo else ""
-        rest = [(name, value) for name, value in pairs if name != "host"]
-        parts = parts._replace(netloc=netloc + ",".join(hosts), query=urlencode(rest))
-    return urlunsplit(parts._replace(scheme="postgresql"))
+    """The libpq URL of Dagster's storage URL, for the project's own connections to it (psycopg
+    3): `with_driver`'s query form is libpq's too, so only the scheme changes."""
+    return urlunsplit(urlsplit(storage_url)._replace(scheme="postgresql"))

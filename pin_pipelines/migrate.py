@@ -3,13 +3,10 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
-
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
-from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn
+from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn, with_driver
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.redact import redact_url
@@ -25,20 +22,13 @@ PG_GRANTS = SQL_DIR / "postgres" / "grants.sql"
 DAGSTER_GRANTS = SQL_DIR / "postgres" / "dagster_grants.sql"
 
 
-def yoyo_url(dsn: str) -> str:
-    """yoyo's URL for `dsn` with every libpq parameter as a query parameter, which yoyo hands to
-    psycopg as they are: its own URL parser reads one host and port, not a list (`a:5432,b:5433`
-    failed on the port), and would drop nothing else but that."""
-    return "postgresql+psycopg:///?" + urlencode(conninfo_to_dict(dsn))
-
-
 def migrate_postgres(dsn: str) -> list[str]:
     """Apply pending migrations, then grants.sql, under yoyo's lock (two concurrent `migrate`s do
     not race). A role that may not change the schema (a worker's) is told, in one line, to run
     it as the schema's owner."""
     with connect(dsn) as conn:  # a clear error when the server is not there, before yoyo's own
         user = conn.info.user
-    backend = get_backend(yoyo_url(dsn))
+    backend = get_backend(with_driver(dsn, "postgresql+psycopg"))
     migrations = read_migrations(str(PG_MIGRATIONS))
     try:
         with backend.lock():

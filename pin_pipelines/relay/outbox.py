@@ -250,10 +250,17 @@ class OutboxRelay:
             )
             self._seq = last_seq
             return
-        firsts, lasts = _bigint_array(receipt.firsts), _bigint_array(receipt.lasts)
+        behind = [receipt]
+        if receipt.seq > last_seq + 1:
+            behind = self._receipts_behind(last_seq, receipt)
+        runs = {
+            "firsts": _bigint_array([first for r in behind for first in r.firsts]),
+            "lasts": _bigint_array([last for r in behind for last in r.lasts]),
+            "uptos": _nullable_bigint_array([r.created_upto_ms for r in behind for _ in r.firsts]),
+        }
         with conn.transaction():
-            published = dict(Q.count_runs(conn, firsts=firsts, lasts=lasts))
-            Q.delete_published(conn, firsts=firsts, lasts=lasts)
+            published = dict(Q.count_runs(conn, **runs))
+            Q.delete_recovered(conn, **runs)
             self._count(conn, published, {})
             self._record_commit(conn, receipt.seq)
         self._seq = receipt.seq
@@ -263,11 +270,29 @@ class OutboxRelay:
             "relay_recovered",
             level=logging.WARNING,
             seq=receipt.seq,
-            # Above 1: PostgreSQL is behind Kafka by whole transactions (restored from a
-            # backup?); the events of the ones in between are in the outbox again.
+            # Above 1: PostgreSQL is behind Kafka by whole transactions (failed over to a
+            # standby that lagged, restored from a backup): the rows of each are deleted.
             transactions_behind=receipt.seq - last_seq,
             deleted=sum(published.values()),
         )
+
+    def _receipts_behind(self, last_seq: int, last: receipts.Receipt) -> list[receipts.Receipt]:
+        """Every receipt PostgreSQL has not recorded: rows of the earlier ones may be back in
+        the outbox too (they were there before the lost transactions deleted them), and must
+        not go out twice. One compacted away is logged: its rows, if back, go out again."""
+        found = receipts.receipts_after(
+            self.settings.kafka_bootstrap, self._receipt_key, last_seq, self.delivery_timeout
+        )
+        missing = sorted(set(range(last_seq + 1, last.seq + 1)) - {r.seq for r in found})
+        if missing:
+            log_event(
+                log,
+                "relay_receipts_missing",
+                level=logging.ERROR,
+                seqs=missing,
+                topic=TOPIC_RELAY_COMMITS,
+            )
+        return [*found, last] if not found or found[-1].seq != last.seq else found
 
     def _batch(
         self, conn: psycopg.Connection, sender: Sender, horizon: int, summary: RelaySummary
@@ -284,7 +309,8 @@ class OutboxRelay:
             batch = self._stream(conn, horizon, sender)
             firsts, lasts = _id_runs([row[0] for row in batch.sent])
             if batch.sent:
-                receipt = receipts.encode(seq, firsts, lasts)
+                upto = max(row[5] for row in batch.sent)
+                receipt = receipts.encode(seq, firsts, lasts, upto)
                 sender.send(
                     TOPIC_RELAY_COMMITS, self._receipt_key, receipt, receipts.RECEIPT_PARTITION
                 )
@@ -500,3 +526,7 @@ def relay_once(settings: Settings, **options: Any) -> RelaySummary:
 def _bigint_array(ids: list[int]) -> str:
     """An array literal: psycopg's list dumper costs ~1.5 µs per id, a fifth of the relay's time."""
     return "{" + ",".join(map(str, ids)) + "}"
+
+
+def _nullable_bigint_array(values: list[int | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -37,16 +38,28 @@ class Receipt:
     seq: int
     firsts: list[int]
     lasts: list[int]
+    #: The newest created_at (epoch ms) of the rows it published; None in receipts written
+    #: before it was recorded. A row created later, under an id of the runs, is another row.
+    created_upto_ms: int | None = None
 
 
-def encode(seq: int, firsts: list[int], lasts: list[int]) -> bytes:
-    """The receipt of transaction `seq`: the runs of consecutive ids it published."""
-    return json.dumps({"seq": seq, "first_ids": firsts, "last_ids": lasts}).encode()
+def encode(seq: int, firsts: list[int], lasts: list[int], created_upto_ms: int) -> bytes:
+    """The receipt of transaction `seq`: the runs of consecutive ids it published, and the
+    newest of their rows' created_at."""
+    return json.dumps(
+        {"seq": seq, "first_ids": firsts, "last_ids": lasts, "created_upto_ms": created_upto_ms}
+    ).encode()
 
 
 def decode(value: bytes) -> Receipt:
     data = json.loads(value)
-    return Receipt(int(data["seq"]), list(data["first_ids"]), list(data["last_ids"]))
+    upto = data.get("created_upto_ms")
+    return Receipt(
+        int(data["seq"]),
+        list(data["first_ids"]),
+        list(data["last_ids"]),
+        None if upto is None else int(upto),
+    )
 
 
 def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
@@ -55,6 +68,26 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
     Call it after init_transactions: that aborted this transactional.id's unfinished transaction
     or waited for its commit to complete, so what a read_committed consumer sees is final.
     """
+    found = _receipts(bootstrap, key, timeout, enough=lambda tail: bool(tail))
+    return found[-1] if found else None
+
+
+def receipts_after(bootstrap: str, key: str, seq: int, timeout: float) -> list[Receipt]:
+    """Every committed receipt with this key above `seq`, in seq order: what Kafka holds beyond
+    a PostgreSQL that lost whole transactions (failed over to a standby that lagged, restored
+    from a backup). The topic is compacted: once a segment is closed only a key's last receipt
+    stays in it, so an older one may be gone (the caller sees the gap in the seqs)."""
+    found = _receipts(
+        bootstrap, key, timeout, enough=lambda tail: bool(tail) and tail[0].seq <= seq + 1
+    )
+    return [receipt for receipt in found if receipt.seq > seq]
+
+
+def _receipts(
+    bootstrap: str, key: str, timeout: float, enough: Callable[[list[Receipt]], bool]
+) -> list[Receipt]:
+    """The receipts with this key in the last TAIL messages, or in the whole topic when those
+    are not `enough`."""
     consumer = Consumer(
         {
             **client_config(bootstrap),
@@ -73,11 +106,11 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
         partition = TopicPartition(TOPIC_RELAY_COMMITS, RECEIPT_PARTITION)
         low, high = consumer.get_watermark_offsets(partition, timeout=timeout, cached=False)
         if high <= low:
-            return None
+            return []
         tail = max(low, high - TAIL)
-        found = _last_with_key(consumer, key, tail, deadline)
-        if found is None and tail > low:
-            found = _last_with_key(consumer, key, low, deadline)
+        found = _with_key(consumer, key, tail, deadline)
+        if not enough(found) and tail > low:
+            found = _with_key(consumer, key, low, deadline)
     except (KafkaException, TimeoutError) as exc:
         raise PinError(
             failure(
@@ -89,14 +122,14 @@ def last_receipt(bootstrap: str, key: str, timeout: float) -> Receipt | None:
         ) from exc
     finally:
         consumer.close()
-    return None if found is None else decode(found)
+    return found
 
 
-def _last_with_key(consumer: Consumer, key: str, start: int, deadline: float) -> bytes | None:
-    """The value of the last message with `key` from `start` to the end of the partition."""
+def _with_key(consumer: Consumer, key: str, start: int, deadline: float) -> list[Receipt]:
+    """The receipts with `key` from `start` to the end of the partition, in order."""
     consumer.assign([TopicPartition(TOPIC_RELAY_COMMITS, RECEIPT_PARTITION, start)])
     wanted = key.encode()
-    found: bytes | None = None
+    found: list[Receipt] = []
     while time.monotonic() < deadline:
         # poll, not consume(n): a batch call waits out its timeout unless n messages came.
         msg = consumer.poll(min(1.0, max(0.0, deadline - time.monotonic())))
@@ -108,5 +141,5 @@ def _last_with_key(consumer: Consumer, key: str, start: int, deadline: float) ->
                 return found
             raise KafkaException(error)
         if msg.key() == wanted:
-            found = msg.value()
+            found.append(decode(msg.value() or b""))
     raise TimeoutError("the end of the topic was not reached")

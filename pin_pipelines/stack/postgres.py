@@ -69,14 +69,14 @@ def _major(pg_ctl: Path) -> int:
         return 0
 
 
-def _as_owner(argv: list[str]) -> list[str]:
+def as_owner(argv: list[str]) -> list[str]:
     """PostgreSQL refuses to run as root: as root, run its tools as the `postgres` system user."""
     if os.geteuid() != 0:
         return argv
     return ["runuser", "-u", "postgres", "--", *argv]
 
 
-def _owner_ids() -> tuple[int, int]:
+def owner_ids() -> tuple[int, int]:
     if os.geteuid() != 0:
         return os.getuid(), os.getgid()
     entry = pwd.getpwnam("postgres")
@@ -98,8 +98,8 @@ class LocalPostgres:
         self.passfile = self.secrets / "pgpass"
         self.ca = LocalCA(settings.state_dir / "tls")
 
-    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = _as_owner([str(bindir() / "pg_ctl"), "-D", str(self.data), *args])
+    def pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = as_owner([str(bindir() / "pg_ctl"), "-D", str(self.data), *args])
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
         if check and result.returncode != 0:
             raise PinError(f"pg_ctl {args[0]} failed: {(result.stderr or result.stdout).strip()}")
@@ -108,7 +108,7 @@ class LocalPostgres:
     def running(self) -> bool:
         return (
             self.data.joinpath("PG_VERSION").exists()
-            and self._pg_ctl("status", check=False).returncode == 0
+            and self.pg_ctl("status", check=False).returncode == 0
         )
 
     def answers(self) -> bool:
@@ -160,9 +160,7 @@ class LocalPostgres:
         started = time.monotonic()
         if not self.target.is_local:
             if not self.answers():
-                raise PinError(
-                    f"external PostgreSQL at {self.target.host}:{self.target.port} does not answer"
-                )
+                raise PinError(f"external PostgreSQL at {self.target.address} does not answer")
             self._create_databases()
             return {"service": "postgresql", "state": "external", "ready_seconds": 0.0}
         self._init_cluster()
@@ -171,9 +169,9 @@ class LocalPostgres:
         if self.running():
             # The dead-peer bounds take effect on a reload (a changed port or memory setting
             # waits for the next start).
-            self._pg_ctl("reload")
+            self.pg_ctl("reload")
         else:
-            self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile))
+            self.pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile))
             action = "started"
         wait_until(self.answers, timeout=60, what="PostgreSQL", logfile=self.logfile)
         if self.secure:
@@ -191,7 +189,7 @@ class LocalPostgres:
     def down(self) -> dict[str, object]:
         if not self.target.is_local or not self.running():
             return {"service": "postgresql", "state": "stopped"}
-        self._pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+        self.pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
         return {"service": "postgresql", "state": "stopped"}
 
     def status(self) -> dict[str, object]:
@@ -225,12 +223,12 @@ class LocalPostgres:
                     f"stop it (`pin stack down`) and move {self.root} away to make a new one"
                 )
             return
-        uid, gid = _owner_ids()
+        uid, gid = owner_ids()
         for folder in (self.root, self.data, self.socket_dir):
             folder.mkdir(parents=True, exist_ok=True)
             os.chown(folder, uid, gid)
         self.data.chmod(0o700)
-        argv = _as_owner(
+        argv = as_owner(
             [
                 str(bindir() / "initdb"),
                 "-D",
@@ -266,14 +264,14 @@ class LocalPostgres:
             + "".join(f"{name} = {value}\n" for name, value in PG_SERVER_DEAD_PEER_SETTINGS.items())
             + (self._secure_conf() if self.secure else "")
         )
-        uid, gid = _owner_ids()
+        uid, gid = owner_ids()
         os.chown(conf, uid, gid)
 
     def _secure_conf(self) -> str:
         """TLS with a certificate of the local CA (its key copied into the data folder: the
         server reads it only when its own OS user owns it, 0600), SCRAM, and the secured
         pg_hba.conf / pg_ident.conf; the lines for postgresql.conf."""
-        uid, gid = _owner_ids()
+        uid, gid = owner_ids()
         issued = self.ca.issue("postgres")
         for source, name in ((issued.cert, "server.crt"), (issued.key, "server.key")):
             target = self.data / name

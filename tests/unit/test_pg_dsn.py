@@ -17,9 +17,9 @@ from pin_pipelines.config import (
     dagster_pg_url_from,
     dsn_with_dbname,
     with_dead_peer_bounds,
+    with_driver,
 )
 from pin_pipelines.db import connect_failure
-from pin_pipelines.migrate import yoyo_url
 from pin_pipelines.redact import redact_url
 
 #: What a managed PostgreSQL behind a failover pair hands out, every TLS parameter set.
@@ -83,13 +83,12 @@ def test_dagster_storage_url_back_to_libpq_is_the_sibling_database() -> None:
         assert back == {**psycopg.conninfo.conninfo_to_dict(dsn), "dbname": "dagster"}
 
 
-def test_the_migrations_connect_with_every_host_and_parameter() -> None:
-    """Tried: yoyo's URL of the multi-host URL, read by yoyo's own parser: the arguments it
-    hands to psycopg are exactly the libpq parameters of the URL (its parser reads one host and
-    port from the authority: the list failed there)."""
-    uri = parse_uri(yoyo_url(MULTI_HOST))
-    assert (uri.hostname, uri.port, uri.username, uri.password) == (None, None, None, None)
-    assert uri.args == psycopg.conninfo.conninfo_to_dict(MULTI_HOST)
+def test_the_migrations_connect_with_every_tls_parameter() -> None:
+    """Tried: yoyo's URL of the multi-host URL, read by yoyo's own parser: every TLS and session
+    parameter reaches the arguments it hands to psycopg, beside the host list
+    (test_pg_multihost: the hosts)."""
+    uri = parse_uri(with_driver(MULTI_HOST, "postgresql+psycopg"))
+    assert (uri.username, uri.database) == ("pin", "pin")
     assert PARAMS.items() <= uri.args.items()
 
 

@@ -102,16 +102,27 @@ DELETE FROM chessboard.outbox_events e
 USING unnest(:firsts::bigint[], :lasts::bigint[]) AS r (first_id, last_id)
 WHERE e.id BETWEEN r.first_id AND r.last_id;
 
--- name: count_runs(firsts, lasts)
--- Recovery: the rows of a Kafka transaction that committed while its PostgreSQL transaction did
--- not, per topic, before delete_published removes them (a batch counts its rows from what it
--- read; RETURNING would slow every batch's delete for the sake of a rare recovery).
+-- name: count_runs(firsts, lasts, uptos)
+-- Recovery: the rows of Kafka transactions that committed while their PostgreSQL transaction did
+-- not, per topic, before delete_recovered removes them (a batch counts its rows from what it
+-- read; RETURNING would slow every batch's delete for the sake of a rare recovery). A run's
+-- `upto` is the newest created_at (epoch ms, as claim_events gives it) its receipt published:
+-- after a failover the new primary may hand out the lost transactions' ids again, to rows made
+-- after them, which no receipt published. NULL (an older receipt): no bound.
 SELECT e.topic, count(*) AS events
 FROM chessboard.outbox_events e
-JOIN unnest(:firsts::bigint[], :lasts::bigint[]) AS r (first_id, last_id)
+JOIN unnest(:firsts::bigint[], :lasts::bigint[], :uptos::bigint[]) AS r (first_id, last_id, upto)
     ON e.id BETWEEN r.first_id AND r.last_id
+    AND (r.upto IS NULL OR (extract(epoch FROM e.created_at) * 1000)::bigint <= r.upto)
 GROUP BY e.topic
 ORDER BY e.topic;
+
+-- name: delete_recovered(firsts, lasts, uptos)!
+-- The rows count_runs counted.
+DELETE FROM chessboard.outbox_events e
+USING unnest(:firsts::bigint[], :lasts::bigint[], :uptos::bigint[]) AS r (first_id, last_id, upto)
+WHERE e.id BETWEEN r.first_id AND r.last_id
+    AND (r.upto IS NULL OR (extract(epoch FROM e.created_at) * 1000)::bigint <= r.upto);
 
 -- name: count_relayed(topics, published, dead_lettered)!
 -- Same transaction as the deletes: a counter never runs ahead of or behind the outbox. Rows are
