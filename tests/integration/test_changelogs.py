@@ -1,5 +1,6 @@
 """Months in production (CONTRACT §9): the snapshot topics are compacted changelogs, made so in
-place by `pin db migrate`; a backfill after compaction still brings every group back.
+place by `pin db migrate`; a backfill after compaction still brings every group back; a loader
+whose group lost its offsets resumes from the earliest retained offset.
 
 The Kafka broker is this module's own (test_relay_exactly_once's fixture): the tests create,
 alter and delete the product's own topic names and the loader's consumer group, which on the
@@ -24,6 +25,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
 from pin_pipelines.devstats.dim import groups
+from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import (
     CHANGELOG_TOPICS,
     TOPIC_LAYOUT_GROUP,
@@ -206,3 +208,42 @@ def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_gr
         assert {(g.layout_group_id, g.source_version) for g in groups(ch, developer)} == {
             (g.id, versions) for g in history
         }
+
+
+def test_a_loader_whose_group_lost_its_offsets_resumes_from_the_earliest_offset(
+    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: `pin devstats load --once` loads 50 groups at version 2 and commits; the group's
+    committed offsets are then deleted as their expiry (offsets.retention.minutes) deletes them
+    (the consumer group deleted), and 10 more groups published. The next load starts from the
+    earliest retained offset (the loader's auto.offset.reset is `earliest`): it reads every
+    event again, the version guard skips what is stored (skipped_stale), the 10 new groups are
+    inserted, no error, nothing lost. This already held before; the test keeps it so."""
+    bootstrap = kafka.settings.kafka_bootstrap
+    env = _env(bootstrap, pg_dsn, tmp_path)
+    _without_topics(bootstrap, (TOPIC_LAYOUT_GROUP,))  # and the group's offsets in it
+    _summary("db", "migrate", env=env)
+    developer = uuid.uuid4()
+    first = [Group(developer_id=developer) for _ in range(50)]
+    produce_events(bootstrap, TOPIC_LAYOUT_GROUP, [g.event(v) for v in (1, 2) for g in first])
+    loaded = _summary("devstats", "load", "--once", env=env)
+    assert loaded["complete"] is True
+
+    client = admin(bootstrap)
+    deleted = client.delete_consumer_groups([DEFAULT_GROUP], request_timeout=15)
+    for future in deleted.values():
+        future.result(timeout=15)
+    later = [Group(developer_id=developer) for _ in range(10)]
+    produce_events(bootstrap, TOPIC_LAYOUT_GROUP, [g.event(1) for g in later])
+
+    again = _summary("devstats", "load", "--once", env=env)
+
+    assert again["complete"] is True
+    assert again["inserted"] == len(later)
+    assert int(str(again["skipped_stale"])) >= 2 * len(first)
+    with open_clickhouse(env["PIN_CLICKHOUSE_URL"]) as ch:
+        assert {(g.layout_group_id, g.source_version) for g in groups(ch, developer)} == {
+            (g.id, 2) for g in first
+        } | {(g.id, 1) for g in later}
