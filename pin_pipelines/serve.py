@@ -262,7 +262,7 @@ def _cancel_launched(instance: dg.DagsterInstance) -> None:
         if run.status in NOT_YET_STARTED:
             instance.report_run_canceled(run, message=STOP_CANCEL_MESSAGE)
         elif run.status == dg.DagsterRunStatus.STARTED:
-            with suppress(Exception):  # a worker already gone: the sweep below settles it
+            with suppress(Exception):  # its worker already gone: run monitoring settles it
                 instance.run_launcher.terminate(run.run_id)
 
 
