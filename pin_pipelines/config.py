@@ -28,6 +28,9 @@ DEFAULT_RECALC_TICK_SECONDS = 5
 #: benchmark on a shared broker) must not fence each other's relays.
 RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
 DEFAULT_KAFKA_PARTITIONS = 6
+#: min.compaction.lag.ms of the changelog topics: every version stays readable for a week before
+#: compaction may drop it for a newer one of the same key (a loader down for days replays them).
+DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS = 7 * 24 * 3600 * 1000
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
 #: How long one long-lived relay or load run runs before its successor takes over (issue 19): a
 #: run's event log stays small. At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
@@ -127,6 +130,8 @@ class Settings:
     kafka_partitions: int = DEFAULT_KAFKA_PARTITIONS
     kafka_replication_factor: int | None = None
     kafka_min_insync_replicas: int | None = None
+    #: min.compaction.lag.ms of the compacted changelog topics (PIN_KAFKA_MIN_COMPACTION_LAG_MS).
+    kafka_min_compaction_lag_ms: int = DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
     #: Concurrent dim_layout_group loads (PIN_DEVSTATS_MAX_LOAD_RUNS): the sensor launches no more,
     #: the run queue admits no more. Each is a consumer of the loader's group; more than one only
     #: on a ClickHouse server (the embedded engine admits one process per folder).
@@ -192,6 +197,8 @@ class Settings:
             kafka_partitions=_whole(e, "PIN_KAFKA_PARTITIONS") or DEFAULT_KAFKA_PARTITIONS,
             kafka_replication_factor=_whole(e, "PIN_KAFKA_REPLICATION_FACTOR"),
             kafka_min_insync_replicas=_whole(e, "PIN_KAFKA_MIN_INSYNC_REPLICAS"),
+            kafka_min_compaction_lag_ms=_whole(e, "PIN_KAFKA_MIN_COMPACTION_LAG_MS")
+            or DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS,
             devstats_max_load_runs=_load_runs(e, clickhouse_url),
             long_run_seconds=_long_run_seconds(e),
             clickhouse_server_url=e.get("PIN_CLICKHOUSE_SERVER_URL")

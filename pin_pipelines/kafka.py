@@ -8,9 +8,20 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ClusterMetadata,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
-from pin_pipelines.config import DEFAULT_KAFKA_PARTITIONS, Settings
+from pin_pipelines.config import (
+    DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS,
+    DEFAULT_KAFKA_PARTITIONS,
+    Settings,
+)
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka_properties import CAUSES, failure, read_properties
 
@@ -33,6 +44,15 @@ ALL_TOPICS = (
 TOPIC_LAYOUTS: dict[str, tuple[int, dict[str, str]]] = {
     TOPIC_RELAY_COMMITS: (1, {"cleanup.policy": "compact", "segment.ms": "3600000"}),
 }
+#: The snapshot topics are changelogs (CONTRACT §9): compacted, so the newest snapshot of every
+#: entity stays readable however old it is (a backfill into an empty dimension brings every group
+#: back), and each version for min.compaction.lag.ms before a newer one may replace it.
+CHANGELOG_TOPICS = (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP)
+
+
+def changelog_config(min_compaction_lag_ms: int) -> dict[str, str]:
+    """The topic configs that make a topic a changelog."""
+    return {"cleanup.policy": "compact", "min.compaction.lag.ms": str(min_compaction_lag_ms)}
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,7 @@ class TopicPolicy:
     partitions: int = DEFAULT_KAFKA_PARTITIONS
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
+    min_compaction_lag_ms: int = DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicPolicy:
@@ -52,12 +73,18 @@ class TopicPolicy:
             settings.kafka_partitions,
             settings.kafka_replication_factor,
             settings.kafka_min_insync_replicas,
+            settings.kafka_min_compaction_lag_ms,
         )
 
     def resolve(self, brokers: int) -> TopicSpec:
         """The numbers for a cluster of `brokers` brokers."""
         rf = self.replication_factor or min(3, max(1, brokers))
-        return TopicSpec(self.partitions, rf, self.min_insync_replicas or max(1, rf - 1))
+        return TopicSpec(
+            self.partitions,
+            rf,
+            self.min_insync_replicas or max(1, rf - 1),
+            self.min_compaction_lag_ms,
+        )
 
 
 @dataclass(frozen=True)
@@ -65,10 +92,14 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     min_insync_replicas: int
+    min_compaction_lag_ms: int = DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
 
     def for_topic(self, topic: str) -> tuple[int, dict[str, str]]:
-        """Partitions and topic configs of `topic` (the receipts keep their one partition)."""
+        """Partitions and topic configs of `topic` (the receipts keep their one partition, the
+        changelogs are compacted)."""
         partitions, config = TOPIC_LAYOUTS.get(topic, (self.partitions, {}))
+        if topic in CHANGELOG_TOPICS:
+            config = {**config, **changelog_config(self.min_compaction_lag_ms)}
         return partitions, {**config, "min.insync.replicas": str(self.min_insync_replicas)}
 
 
@@ -248,6 +279,47 @@ def check_topics(
         if short:
             weaker.append(f"{topic}: {', '.join(short)}")
     return weaker
+
+
+def compact_changelogs(
+    bootstrap: str,
+    topics: tuple[str, ...] = CHANGELOG_TOPICS,
+    min_compaction_lag_ms: int = DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS,
+) -> list[str]:
+    """Bring the existing `topics` to the changelog policy (changelog_config) in place, with an
+    incremental config change: the topic, its id, offsets and other configs stay; a topic is
+    never re-created. Returns those changed (already compacted with that lag: left alone)."""
+    client = admin(bootstrap)
+    present = [t for t in topics if t in _metadata(client, bootstrap).topics]
+    wanted = changelog_config(min_compaction_lag_ms)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present]
+    changes = []
+    for resource, future in (client.describe_configs(resources) if resources else {}).items():
+        try:
+            configs = future.result(timeout=15)
+        except KafkaException as exc:
+            raise PinError(f"reading the configs of Kafka topic {resource.name}: {exc}") from exc
+        if any(
+            configs.get(name) is None or configs[name].value != value
+            for name, value in wanted.items()
+        ):
+            entries = [
+                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                for name, value in wanted.items()
+            ]
+            changes.append(
+                ConfigResource(
+                    ConfigResource.Type.TOPIC, resource.name, incremental_configs=entries
+                )
+            )
+    for resource, future in (client.incremental_alter_configs(changes) if changes else {}).items():
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            raise PinError(
+                f"Kafka at {bootstrap}: making topic {resource.name} compacted failed: {exc}"
+            ) from exc
+    return sorted(r.name for r in changes)
 
 
 def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:

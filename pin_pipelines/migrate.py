@@ -83,9 +83,10 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     """Every step; Kafka topics are created after the settings' TopicPolicy, and existing ones
     weaker than it (fewer partitions, lower replication factor or min.insync.replicas) fail the
     migration unless `allow_weaker_topics`: a production cluster must not run on topics that lose
-    events with one broker. A topic is never shrunk nor recreated."""
+    events with one broker. Existing snapshot topics are made compacted changelogs in place. A
+    topic is never shrunk nor recreated."""
     from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
-    from pin_pipelines.kafka import TopicPolicy, check_topics, ensure_topics
+    from pin_pipelines.kafka import TopicPolicy, check_topics, compact_changelogs, ensure_topics
 
     applied = migrate_postgres(settings.pg_dsn)
     migrate_dagster_storage(settings.dagster_pg_url)
@@ -96,6 +97,9 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     policy = TopicPolicy.from_settings(settings)
     try:
         topics = ensure_topics(settings.kafka_bootstrap, policy=policy)
+        compacted = compact_changelogs(
+            settings.kafka_bootstrap, min_compaction_lag_ms=policy.min_compaction_lag_ms
+        )
         weaker = check_topics(settings.kafka_bootstrap, policy=policy)
     except PinError as exc:
         raise PinError(f"schema migrated, but Kafka topics were not created: {exc}") from exc
@@ -109,5 +113,7 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
         "postgres_applied": applied,
         "clickhouse_applied": clickhouse_applied,
         "kafka_topics_created": topics,
+        # Existing snapshot topics brought to the changelog policy in place (CONTRACT §9).
+        "kafka_topics_compacted": compacted,
         "kafka_topics_weaker": weaker,
     }

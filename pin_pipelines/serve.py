@@ -64,8 +64,12 @@ CHILD_STOP_SECONDS = 5.0
 #: prctl(2): orphaned descendants are re-parented to this process instead of init.
 PR_SET_CHILD_SUBREAPER = 36
 QUEUED = dg.DagsterRunStatus.QUEUED
+CANCELING = dg.DagsterRunStatus.CANCELING
 #: Runs with a run worker (or about to get one): what a stop waits for.
-LAUNCHED = [s for s in (*IN_FLIGHT, dg.DagsterRunStatus.CANCELING) if s != QUEUED]
+LAUNCHED = [s for s in (*IN_FLIGHT, CANCELING) if s != QUEUED]
+#: Launched, but the run worker has not started the run: canceling it loses nothing.
+NOT_YET_STARTED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING]
+STOP_CANCEL_MESSAGE = "Canceled by the stop of pin serve before it started."
 
 
 def _ui_args(settings: Settings) -> list[str]:
@@ -133,6 +137,8 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
                 child.kill()
                 child.wait()
         _stop_descendants(CHILD_STOP_SECONDS)
+        if stopping():
+            _cancel_unstarted(settings, env)
     if not stopping():
         for name, child in children.items():
             if child.returncode not in (None, 0, -signal.SIGTERM):
@@ -207,24 +213,64 @@ def open_instance(
 
 def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
     """A clean stop: no new runs (the marker stops the sensors and schedules, drains end after
-    the project in hand), runs still queued are canceled (they had not started: the sensors and
-    schedules ask for them again after the next start), then wait for the runs in flight. Only
-    then are the daemon and the webserver stopped, so no run is left launching on a code server
-    that is shutting down (a FAILURE for a clean stop). Bounded: past WIND_DOWN_SECONDS the
-    daemon is stopped anyway and run monitoring settles whatever was left when the instance next
-    runs."""
+    the project in hand), runs queued are canceled (they had not started: the sensors and
+    schedules ask for them again after the next start), and the runs launched are waited for
+    until they end. Only then are the daemon and the webserver stopped, so no run is left
+    launching on a code server that is shutting down (a FAILURE for a clean stop).
+
+    Queued runs are canceled on every pass, not once: a schedule or sensor tick evaluated just
+    before the marker submits its run after it (both check schedules fire on the same minute),
+    and a run left queued was dequeued by the daemon as it was being stopped and failed
+    ("marked as failed from outside the execution context"). Bounded: past WIND_DOWN_SECONDS
+    the runs still in flight are canceled (a started run's worker is interrupted and ends
+    CANCELED, not FAILURE) and get CHILD_STOP_SECONDS more."""
     marker.touch()
     print("pin: stopping: no new runs; waiting for the runs in flight", file=sys.stderr)
     deadline = time.monotonic() + WIND_DOWN_SECONDS
     with open_instance(settings, env) as instance:
-        for record in instance.get_run_records(dg.RunsFilter(statuses=[QUEUED])):
-            # The coordinator's cancel: a run the daemon dequeues meanwhile is terminated.
-            instance.run_coordinator.cancel_run(record.dagster_run.run_id)
-        while instance.get_run_records(dg.RunsFilter(statuses=LAUNCHED), limit=1):
+        while _cancel_queued(instance):
             if time.monotonic() > deadline:
                 print(
-                    f"pin: runs still in flight after {WIND_DOWN_SECONDS:g}s; stopping anyway",
+                    f"pin: runs still in flight after {WIND_DOWN_SECONDS:g}s; canceling them",
                     file=sys.stderr,
                 )
+                _cancel_launched(instance)
+                wait_until_ended = time.monotonic() + CHILD_STOP_SECONDS
+                while _cancel_queued(instance) and time.monotonic() < wait_until_ended:
+                    time.sleep(0.5)
                 return
             time.sleep(0.5)
+
+
+def _cancel_queued(instance: dg.DagsterInstance) -> bool:
+    """Cancel the runs still queued (as the run coordinator does: they never started); whether
+    any run of the instance is still in flight. A run the daemon dequeues meanwhile is launched
+    CANCELED, and its run worker does not start it."""
+    records = instance.get_run_records(dg.RunsFilter(statuses=[*IN_FLIGHT, CANCELING]))
+    for record in records:
+        if record.dagster_run.status == QUEUED:
+            instance.report_run_canceled(record.dagster_run, message=STOP_CANCEL_MESSAGE)
+    return any(r.dagster_run.status != QUEUED for r in records)
+
+
+def _cancel_launched(instance: dg.DagsterInstance) -> None:
+    """Past the wind-down's bound: a run that has not started yet is marked CANCELED (its run
+    worker, if it comes up, does not start it); a started one is terminated through the run
+    launcher (CANCELING, then its worker is interrupted and ends it CANCELED)."""
+    for record in instance.get_run_records(dg.RunsFilter(statuses=LAUNCHED)):
+        run = record.dagster_run
+        if run.status in NOT_YET_STARTED:
+            instance.report_run_canceled(run, message=STOP_CANCEL_MESSAGE)
+        elif run.status == dg.DagsterRunStatus.STARTED:
+            with suppress(Exception):  # its worker already gone: run monitoring settles it
+                instance.run_launcher.terminate(run.run_id)
+
+
+def _cancel_unstarted(settings: Settings, env: dict[str, str]) -> None:
+    """After the daemon, the webserver and everything below them are stopped: a run still
+    queued or launching has no process left to start it (a tick submitted it as the daemon was
+    stopping); it is marked CANCELED rather than left for run monitoring to fail at the next
+    start."""
+    with open_instance(settings, env) as instance:
+        for record in instance.get_run_records(dg.RunsFilter(statuses=[QUEUED, *NOT_YET_STARTED])):
+            instance.report_run_canceled(record.dagster_run, message=STOP_CANCEL_MESSAGE)

@@ -51,6 +51,9 @@ TICK_LIMIT_SECONDS = 30.0
 #: and after them (the settle, the counts, its liveness record: milliseconds each), its log
 #: lines, and a statement timeout's landing (the server checks for it between steps).
 TICK_MARGIN_SECONDS = 2.0
+#: A stop's cancel comes at the latest this long before a call's statement timeout would fire,
+#: room for the cancel request to arrive, so a stop is never counted as the project's failed run.
+CANCEL_BEFORE_TIMEOUT_SECONDS = 1.0
 #: How soon the server sees that the drain died (killed, OOM) during a call and ends it, the
 #: project in hand rolled back instead of run on to its COMMIT; its claim (committed with the
 #: previous project) is left to settle_abandoned_claims, so a project that kills its drain ends
@@ -227,8 +230,8 @@ def tick_on(
             size=min(summary.due_at_start, batch_size),
             due=summary.due_at_start,
         )
-        with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as call_running:
-            _run_batch(conn, summary, batch_size, budget, call_running)
+        with _cancelled_after_stop(conn, should_stop, stop_grace_seconds) as call:
+            _run_batch(conn, summary, batch_size, budget, call)
         poisoning += [
             _Poisoning(r.project_id, r.attempt_count, r.error)
             for r in summary.results
@@ -457,28 +460,52 @@ _OUTCOME_EVENTS: dict[Outcome, tuple[str, int]] = {
 @contextmanager
 def _cancelled_after_stop(
     conn: psycopg.Connection, should_stop: Callable[[], bool], grace: float
-) -> Iterator[threading.Event]:
-    """Watches `should_stop` while the tick runs: once it holds for `grace` seconds and a
-    recalc_tick call is still running (the yielded event is set), that call is cancelled: it
-    gives the project in hand back and returns. Nothing is cancelled between calls, where the
-    stop is simply obeyed."""
-    call_running = threading.Event()
+) -> Iterator[_CallInHand]:
+    """Watches `should_stop` while the tick runs: once it holds, the recalc_tick call still
+    running (the yielded _CallInHand) is cancelled after `grace` seconds, or sooner, just
+    before the call's statement timeout would fire: the call gives the project in hand back and
+    returns. A stop late in a stuck project used to be overtaken by the timeout during its
+    grace (cancelled 5 s after a stop 6 s into the project, the timeout at 10 s): the project
+    was counted a failed run, and a deploy could poison it. Nothing is cancelled between calls,
+    where the stop is simply obeyed."""
+    call = _CallInHand()
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.1):
             if should_stop():
-                if not done.wait(grace) and call_running.is_set():
-                    conn.cancel_safe()
+                grace_ends = time.monotonic() + grace
+                while not done.wait(0.05):
+                    started, now = call.started, time.monotonic()
+                    cancel_by = CALL_TIMEOUT_SECONDS - CANCEL_BEFORE_TIMEOUT_SECONDS
+                    if started is not None and now >= min(grace_ends, started + cancel_by):
+                        conn.cancel_safe()
+                        return
+                    if now >= grace_ends:
+                        return
                 return
 
     watcher = threading.Thread(target=watch, name="drain-stop-watch", daemon=True)
     watcher.start()
     try:
-        yield call_running
+        yield call
     finally:
         done.set()
         watcher.join()
+
+
+class _CallInHand:
+    """The recalc_tick call in flight: since when (the client's clock, a little before the
+    server's statement start), None between calls."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def begin(self) -> None:
+        self.started = time.monotonic()
+
+    def end(self) -> None:
+        self.started = None
 
 
 def _run_batch(
@@ -486,7 +513,7 @@ def _run_batch(
     summary: TickSummary,
     batch_size: int,
     budget: Budget,
-    call_running: threading.Event,
+    call: _CallInHand,
 ) -> None:
     """Up to `batch_size` projects in recalc_tick calls (migration 0018: a COMMIT per project),
     each claiming for at most CLAIM_WINDOW_SECONDS, so that a stop or the budget's end is
@@ -501,7 +528,7 @@ def _run_batch(
             summary.stopped_early = True
             return
         traceparents = child_traceparents(left)
-        call_running.set()
+        call.begin()
         try:
             reports = Q.recalc_tick(
                 conn,
@@ -524,7 +551,7 @@ def _run_batch(
             # Interrupted some other way (KeyboardInterrupt, a Dagster run terminated from the
             # UI): psycopg cancels the call before the interruption goes on, and the call gives
             # the project in hand back itself.
-            call_running.clear()
+            call.end()
         if not reports:
             return
         for n, report in enumerate(map(_ProjectReport.from_json, reports)):

@@ -18,6 +18,7 @@ import pytest
 from pin_pipelines.recalc import drain
 from pin_pipelines.recalc.drain import (
     CALL_TIMEOUT_SECONDS,
+    PROJECT_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     TICK_LIMIT_SECONDS,
     TICK_MARGIN_SECONDS,
@@ -172,14 +173,25 @@ def test_a_project_that_kills_its_drain_is_poisoned_after_five_abandoned_attempt
     assert drift(db) == {}
 
 
-def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db, pg_dsn):
+#: How long the stuck project has run when the stop comes: at once, and late enough that its
+#: grace would end past the call's statement timeout.
+STUCK_BEFORE_STOP = {"early": 0.0, "late": PROJECT_TIMEOUT_SECONDS - STOP_GRACE_SECONDS + 2.0}
+
+
+@pytest.mark.parametrize("stop", list(STUCK_BEFORE_STOP))
+def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db, pg_dsn, stop):
     """Tried: a project one failure short of poison (attempt_count 4) whose recalc hangs (a
     30 s test trigger); `pin recalc drain --once` is inside it when it gets SIGTERM. The drain
     gives the project STOP_GRACE_SECONDS to finish, then cancels it: the project rolls back
     whole, the drain exits 0 reporting it interrupted, and the attempt is given back
     (attempt_count still 4, no attempt in progress, last_error and the retry clock as before,
     before issue 26 the claim had counted it and the give-back took it back), so a deploy never
-    poisons a project. Without the hang the next drain recalculates it."""
+    poisons a project. Without the hang the next drain recalculates it.
+
+    "late": the stop comes 7 s into the project (by the server's clock). The cancel after the
+    grace then came after the call's 10 s statement timeout, which counted the project a failed
+    run (`interrupted` 0: the CI failure `assert 0 == 1`, when a busy machine delayed the
+    signal); now the stop's cancel comes before the timeout, however late the stop is."""
     set_settings(db, retry_interval="0 seconds")
     project, _ = _project_with_object(db)
     db.execute(
@@ -194,6 +206,11 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
         try:
             wait_until(
                 lambda: sleeping_backends(db) == 1, timeout=20, what="the drain inside the project"
+            )
+            wait_until(
+                lambda: _call_age(db) >= STUCK_BEFORE_STOP[stop],
+                timeout=20,
+                what=f"the project stuck for {STUCK_BEFORE_STOP[stop]:g}s",
             )
             row = queue_row(db, project)
             # In progress, shown apart: attempt_count is failed runs (spec), still 4.
@@ -223,6 +240,16 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     assert drain_tick(pg_dsn).processed == 1
     assert queue_row(db, project) is None
     assert drift(db) == {}
+
+
+def _call_age(conn: psycopg.Connection) -> float:
+    """Seconds since the sleeping drain's call started, by the server's clock (what its
+    statement timeout counts)."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM clock_timestamp() - query_start) FROM pg_stat_activity"
+        " WHERE wait_event = 'PgSleep' AND datname = current_database()"
+    ).fetchone()
+    return float(row[0]) if row else 0.0
 
 
 def _two_due_projects(conn: psycopg.Connection) -> tuple[UUID, UUID]:

@@ -163,7 +163,7 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
                     serve.wait(timeout=30)
                 assert serve.returncode == 0, stderr[-3000:]
                 assert "waiting for the runs in flight" in stderr
-                assert "stopping anyway" not in stderr
+                assert "canceling them" not in stderr
                 records = instance.get_run_records()
                 runs = {r.dagster_run.run_id: r.dagster_run for r in records}
                 late = [

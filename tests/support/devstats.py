@@ -68,6 +68,19 @@ def produce_events(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> 
     produce(bootstrap, topic, [(e["Id"].encode(), json.dumps(e).encode()) for e in events])
 
 
+def open_transaction(bootstrap: str, topic: str, event: dict[str, Any]) -> Producer:
+    """`event` produced in a Kafka transaction left open: a read_committed reader (the loader)
+    stops short of it in its partition until the returned producer ends the transaction."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex}"}
+    )
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.produce(topic, key=event["Id"].encode(), value=json.dumps(event).encode())
+    assert producer.flush(15) == 0
+    return producer
+
+
 @dataclass(frozen=True)
 class Received:
     key: bytes | None
