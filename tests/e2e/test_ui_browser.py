@@ -30,6 +30,7 @@ from pin_pipelines.serve import prepare_dagster_home
 from pin_pipelines.stack.process import free_port
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.pg import dbname
+from tests.support.recalc import drain_until_empty
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -336,6 +337,36 @@ def finished(dagster: Dagster, run_id: str, timeout: float = 180) -> dict[str, A
         time.sleep(0.5)
 
 
+def _rerun_from_failure(dagster: Dagster, failed: str, job: str) -> None:
+    """The failed run re-executed as the UI's Re-execute button does (launchRunReexecution, from
+    failure): the new run is the failed one's child and succeeds."""
+    again = dagster.gql(REEXECUTE, {"params": {"parentRunId": failed, "strategy": "FROM_FAILURE"}})[
+        "launchRunReexecution"
+    ]
+    assert again["__typename"] == "LaunchRunSuccess", again
+    rerun = finished(dagster, again["run"]["runId"])
+    assert rerun == {
+        "status": "SUCCESS",
+        "jobName": job,
+        "parentRunId": failed,
+        "rootRunId": failed,
+    }
+
+
+def _failed_run(dagster: Dagster, job: str, op: str, config: dict[str, Any]) -> str:
+    """A run of `job` launched through the webserver that ends FAILURE; its id."""
+    params = {
+        "selector": {**REPOSITORY, "jobName": job},
+        "runConfigData": {"ops": {op: {"config": config}}},
+        "mode": "default",
+    }
+    launched = dagster.gql(LAUNCH, {"params": params})["launchPipelineExecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    failed = str(launched["run"]["runId"])
+    assert finished(dagster, failed)["status"] == "FAILURE"
+    return failed
+
+
 def test_a_failed_drain_run_is_rerun_from_the_ui(db: psycopg.Connection, dagster: Dagster) -> None:
     """On-call's rerun: a drain run that failed is re-executed from the UI (its Re-execute
     button: the webserver's launchRunReexecution, from failure) once the cause is fixed.
@@ -347,36 +378,40 @@ def test_a_failed_drain_run_is_rerun_from_the_ui(db: psycopg.Connection, dagster
     project = make_project(db)
     make_object(db, project, make_building(db, project), None, status="Free", price=5)
     db.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
-    params = {
-        "selector": {**REPOSITORY, "jobName": "recalc_drain_job"},
-        "runConfigData": {"ops": {"drain_recalc_queue": {"config": {"budget_seconds": 5.0}}}},
-        "mode": "default",
-    }
     db.execute("ALTER PROCEDURE chessboard.recalc_tick RENAME TO recalc_tick_gone")
     try:
-        launched = dagster.gql(LAUNCH, {"params": params})["launchPipelineExecution"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        failed = launched["run"]["runId"]
-        assert finished(dagster, failed)["status"] == "FAILURE"
+        failed = _failed_run(
+            dagster, "recalc_drain_job", "drain_recalc_queue", {"budget_seconds": 5.0}
+        )
     finally:
         db.execute("ALTER PROCEDURE chessboard.recalc_tick_gone RENAME TO recalc_tick")
-    assert db.execute(
-        "SELECT count(*) FROM chessboard.project_recalc_requests WHERE project_id = %s",
-        (project,),
-    ).fetchone() == (1,)
+    queued = "SELECT count(*) FROM chessboard.project_recalc_requests WHERE project_id = %s"
+    assert db.execute(queued, (project,)).fetchone() == (1,)
+    _rerun_from_failure(dagster, failed, "recalc_drain_job")
+    assert db.execute(queued, (project,)).fetchone() == (0,)
 
-    again = dagster.gql(REEXECUTE, {"params": {"parentRunId": failed, "strategy": "FROM_FAILURE"}})[
-        "launchRunReexecution"
-    ]
-    assert again["__typename"] == "LaunchRunSuccess", again
-    rerun = finished(dagster, again["run"]["runId"])
-    assert rerun == {
-        "status": "SUCCESS",
-        "jobName": "recalc_drain_job",
-        "parentRunId": failed,
-        "rootRunId": failed,
-    }
-    assert db.execute(
-        "SELECT count(*) FROM chessboard.project_recalc_requests WHERE project_id = %s",
-        (project,),
-    ).fetchone() == (0,)
+
+def test_a_failed_relay_run_is_rerun_from_the_ui(
+    db: psycopg.Connection, pg_dsn: str, dagster: Dagster
+) -> None:
+    """The same for the outbox relay: a recalculated project's events wait in the outbox, and
+    the relay's receipts table is renamed away (a broken deploy): the outbox_relay_job run
+    launched through the webserver fails and publishes nothing; the table back, the failed run
+    re-executed through GraphQL succeeds as the failed one's child and empties the outbox.
+    Broken on purpose (the table left renamed): the re-execution failed too."""
+    project = make_project(db)
+    make_object(db, project, make_building(db, project), None, status="Free", price=5)
+    drain_until_empty(db, pg_dsn)
+    waiting = "SELECT count(*) FROM chessboard.outbox_events"
+    pending = db.execute(waiting).fetchone()
+    assert pending is not None and pending[0] >= 1
+    db.execute("ALTER TABLE chessboard.outbox_relay_commits RENAME TO outbox_relay_commits_gone")
+    try:
+        failed = _failed_run(dagster, "outbox_relay_job", "relay_outbox", {"budget_seconds": 2.0})
+    finally:
+        db.execute(
+            "ALTER TABLE chessboard.outbox_relay_commits_gone RENAME TO outbox_relay_commits"
+        )
+    assert db.execute(waiting).fetchone() == pending
+    _rerun_from_failure(dagster, failed, "outbox_relay_job")
+    assert db.execute(waiting).fetchone() == (0,)
