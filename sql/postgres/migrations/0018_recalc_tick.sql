@@ -1,5 +1,5 @@
 -- depends: 0017_outbox_defect_inlined
--- A drain tick in one CALL, a COMMIT per project (issue 27). The drain sent a statement per
+-- A drain tick in one CALL, a COMMIT per project. The drain sent a statement per
 -- project (recalc_project_step, which also claimed the next one): 1.16 round trips per
 -- project, each waking the drain's Python, which on a machine as busy as its cores shares a CPU
 -- with a backend and runs cold there (bench_drain_placement: its user CPU doubled). Measured
