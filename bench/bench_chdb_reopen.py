@@ -6,7 +6,8 @@ process and open it again, what an open costs, and what a close gives back. Prin
 In a fresh temporary folder: a table; another process opening the folder while this one holds it
 (refused) and after this one closed it (allowed); then `--cycles` times open, insert one row,
 close, in this process, with the open's duration and the process's threads and resident memory
-before and after. The answer decides the loader's design (README, "The embedded engine").
+before and after. The answer decides the loader's design (docs/clickhouse.md, "The embedded
+engine").
 """
 
 from __future__ import annotations

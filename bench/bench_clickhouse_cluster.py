@@ -16,7 +16,7 @@ files; merges delete the parts they replace), and the cluster writes three parts
 where one server writes one (two shards, and shard 1's second replica fetches its copy): on that
 disk the ratio measures the inode allocator more than the cluster, and drifts within a run. On
 tmpfs ZooKeeper's fsyncs are free too (≈ 1.5 ms each on the disk, in every insert's answer). Pass
---data-dir on the disk to see it (README: both figures).
+--data-dir on the disk to see it (docs/benchmarks.md: both figures).
 
 1. Loader throughput, cluster vs one server, in the same run: N events (G groups round-robin,
    bench_devstats.py's stream) are produced once; ONE `load_once` loads them into the single

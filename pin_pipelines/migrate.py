@@ -40,7 +40,7 @@ def migrate_postgres(dsn: str) -> list[str]:
         raise PinError(
             f"PostgreSQL at {redact_url(dsn)}: {user} may not migrate the schema "
             f"({first_line(exc)}); run `pin db migrate` as the schema's owner (with CREATEROLE "
-            'for the group roles, README "Connecting to production services")'
+            'for the group roles, docs/production.md "PostgreSQL")'
         ) from exc
     return [m.id for m in pending]
 

@@ -1,6 +1,6 @@
 """Guards of the whole suite, unit tests included: every test leaves the process as it found it,
 the SIGINT and SIGTERM dispositions, and no child process alive (a leftover `pin` outlived CI
-once, issue 12).
+once).
 
 Nothing here needs a service: the fixtures of the real local services live in
 tests/integration/conftest.py, so tests/unit runs with none up.
@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.blackhole import remove_leftover_rules
 
-# --- process hygiene (issue 12) -----------------------------------------------------------------
+# --- process hygiene ------------------------------------------------------------------------------
 
 #: What `signal.getsignal` may answer: a handler, SIG_DFL/SIG_IGN, or None (set outside Python).
 Disposition = Callable[[int, FrameType | None], object] | int | None

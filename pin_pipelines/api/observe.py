@@ -44,7 +44,7 @@ ROUTES = {
     "/healthz": "healthz",
     "/openapi.json": "openapi",
 }
-#: Seconds; a labels read of 100 ids takes a few milliseconds (README, Performance).
+#: Seconds; a labels read of 100 ids takes a few milliseconds (docs/benchmarks.md).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 

@@ -2,7 +2,8 @@
 
 chdb admits one process per data folder (a lock on `<folder>/status`). A process can close its
 session and let another one in, but each open costs 20–110 ms and leaks about five threads and
-1.7 MB that the close does not give back (measured with chdb 4.4: README, "The embedded engine"),
+1.7 MB that the close does not give back (measured with chdb 4.4: docs/clickhouse.md, "The
+embedded engine"),
 so the continuous loader cannot let go of the folder between its batches. Instead the loader
 opens the folder as its *owner* (`open_clickhouse(url, serve=True)`): it keeps it for its whole
 run and answers every other process's statements — `pin devstats labels`, the drift asset, the

@@ -12,7 +12,8 @@ Under `<state>/secure/`, apart from the plain stack (which keeps running on its 
 
 Ports are chosen free once and kept in `ports.json`, so `up` is idempotent and the printed
 settings stay valid. `exports()` are the settings of the owner (`pin db migrate`); the worker and
-reader login roles an administrator would make are README's "Connecting to production services".
+reader login roles an administrator would make are in docs/production.md, "Connecting to
+production services".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The on-call path through the Dagster UI, in a real browser (issue 6).
+"""The on-call path through the Dagster UI, in a real browser.
 
 A dagster-daemon and dagster-webserver run on an instance of this test alone (the repository's
 dagster.yaml, its own storage database and embedded ClickHouse folder). Headless Chromium opens the

@@ -1,4 +1,4 @@
-"""The read API's OpenAPI document, fuzzed with schemathesis (issue 25): for every operation it
+"""The read API's OpenAPI document, fuzzed with schemathesis: for every operation it
 documents, requests generated from the document — valid and invalid parameters, with a valid
 token and without one — are never answered 5xx, and every answer conforms to the document
 (status documented, body matching its schema, content type and headers as declared).

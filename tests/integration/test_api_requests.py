@@ -1,4 +1,4 @@
-"""The read API's answers and its refusals (issue 25, CONTRACT section 7), request by request.
+"""The read API's answers and its refusals (CONTRACT section 7), request by request.
 
 The app is the real one (`api.app.create_app`) over the Debian ClickHouse server's dimension,
 served in this process through FastAPI's TestClient; tokens are minted by a real identity

@@ -1,4 +1,4 @@
-"""`pin api serve` as a real process (issue 25): it answers while the continuous loader (`pin
+"""`pin api serve` as a real process: it answers while the continuous loader (`pin
 devstats load`, a real process aimed at the test's topic) runs, on both engines — the embedded
 chdb folder, read through the loader that owns it, and the Debian ClickHouse server — stops with
 exit 0 on SIGTERM and on SIGINT (also when started with both ignored), and fails in one line on

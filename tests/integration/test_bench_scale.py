@@ -1,7 +1,7 @@
-"""bench/bench_scale.py at a tiny size (issue 18): CI runs its new code paths that need only
+"""bench/bench_scale.py at a tiny size: CI runs its new code paths that need only
 PostgreSQL (the bulk catalogue build, its consistency checks, the per-size recompute, drain and
-CPU measures); the sizes that matter run by hand (README, docs/capacity.md). No figure is
-compared with a goal: the machine is shared; the report is checked whole instead (every row and
+CPU measures); the sizes that matter run by hand (docs/benchmarks.md, docs/capacity.md). No figure
+is compared with a goal: the machine is shared; the report is checked whole instead (every row and
 field, numbers that can be, ratios that are the ratios of their rows)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17: spec 003's dimension on a replicated, sharded ClickHouse cluster.
+"""Spec 003's dimension on a replicated, sharded ClickHouse cluster.
 
 ZooKeeper and three Debian clickhouse-server 18.16 (shard 1 = s1r1 + s1r2, shard 2 = s2r1), real
 Kafka and PostgreSQL. The spec's behaviour tests run on the local cluster of `pin stack up

@@ -1,7 +1,7 @@
-"""The event log of a run is O(1) rows, whatever the run processed (issue 15): per-project and
+"""The event log of a run is O(1) rows, whatever the run processed: per-project and
 per-message lines go to the run's stdout (compute logs) as JSON lines, not to the event log.
 
-The drain is measured over N projects; the relay and the loader are long-lived since issue 19
+The drain is measured over N projects; the relay and the loader are long-lived
 (a run of each lasts 5 minutes and stores a batch every fraction of a second), so they are
 measured over one batch and over many: a line or an event per batch would be per-run growth of
 the same kind."""
@@ -78,10 +78,10 @@ def _every(seconds: float, action: Callable[[], None]) -> Iterator[None]:
 
 def test_a_drain_run_writes_as_many_event_rows_for_30_projects_as_for_3(db, pg_instance, capfd):
     """Tried: recalc_drain_job on a PostgreSQL-backed instance over 3, then 30 due projects.
-    Before issue 15 each project added its `project_recalculated` line to the event log (161
-    rows for a drain run in production); now both runs write the same number of rows: the
-    run's events, one summary line and the asset event; the per-project JSON lines are on the
-    run's stdout (what Dagster captures as its compute logs)."""
+    Before the per-project lines moved to stdout, each project added its `project_recalculated` line
+    to the event log (161 rows for a drain run in production); now both runs write the same number
+    of rows: the run's events, one summary line and the asset event; the per-project JSON lines are
+    on the run's stdout (what Dagster captures as its compute logs)."""
     job = defs.get_job_def("recalc_drain_job")
     rows = []
     for projects in (3, 30):
@@ -104,7 +104,7 @@ def test_a_load_run_writes_as_many_event_rows_for_many_batches_as_for_one(
     instance, on a topic and group of this test: once with one event waiting (one batch), once
     with an event produced every 0.4 s while it loads (a batch each). Both runs write the same
     event rows (17 in process: the run's and steps' events, the one materialization with the
-    run's summary, the freshness check), at most the issue's 20; nothing is written per batch."""
+    run's summary, the freshness check), at most the goal's 20; nothing is written per batch."""
     job = defs.resolve_job_def(dim_layout_group_job.name)
 
     def produce_one() -> None:

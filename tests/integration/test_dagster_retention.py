@@ -1,4 +1,4 @@
-"""Retention of finished Dagster runs (issue 15) on a real PostgreSQL-backed Dagster instance:
+"""Retention of finished Dagster runs on a real PostgreSQL-backed Dagster instance:
 run and event storage in a database of its own on the test server, compute logs on disk."""
 
 from __future__ import annotations

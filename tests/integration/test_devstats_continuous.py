@@ -293,7 +293,7 @@ def handover_env(
 ) -> dict[str, str]:
     """The loaders' settings on the embedded folder of this test, the shared server, or the
     stack's local cluster with PIN_CLICKHOUSE_CLUSTER set as a cluster deployment has it (the
-    Distributed dimension, issue 17); on the shared ones the groups are this test's own."""
+    Distributed dimension); on the shared ones the groups are this test's own."""
     if request.param == "embedded":
         url = f"chdb://{tmp_path / 'chdb'}"
         summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))

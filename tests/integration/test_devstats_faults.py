@@ -1,4 +1,4 @@
-"""The loader's process-level faults (issue 5), each in a real subprocess as an operator meets them:
+"""The loader's process-level faults, each in a real subprocess as an operator meets them:
 
 - killed with SIGKILL mid-cycle, after a batch was inserted and before its offsets were committed:
   the next run replays that batch and the dimension ends exactly as if nothing had happened;
@@ -222,7 +222,7 @@ def test_broker_killed_after_the_first_commit_ends_the_load_in_one_line(
     """Tried: `pin devstats load --once` over 60,000 events on a private broker, the broker
     killed with SIGKILL as soon as the group's first offsets are committed, and kept down.
     librdkafka's close waited for the cycle's outstanding commits for as long as the coordinator
-    was gone: the load hung (still there after 400 s, issue 16). Now it ends non-zero within its
+    was gone: the load hung (still there after 400 s). Now it ends non-zero within its
     join timeout and the bounded close, with one line naming Kafka; once the broker is back, the
     next load resumes from the committed offsets and ends exact.
 

@@ -1,6 +1,6 @@
 """Spec 003 acceptance and the loader's faults, through real Kafka and every ClickHouse path: the
 behaviour tests (version guard, out of order, DLQ, scope, label fallback, backfill) run on the
-embedded engine, the server and the local cluster (issue 17: the Distributed dimension)."""
+embedded engine, the server and the local cluster (the Distributed dimension)."""
 
 from __future__ import annotations
 

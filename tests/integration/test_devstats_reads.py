@@ -1,4 +1,4 @@
-"""Spec 003's reads of dim_layout_group on both ClickHouse engines (issue 13): scoped by developer
+"""Spec 003's reads of dim_layout_group on both ClickHouse engines: scoped by developer
 and, optionally, project (`WHERE DeveloperId = actor AND ProjectId = … AND LayoutGroupId = …`),
 and the current row of a group whose two versions share an UpsertedAt.
 

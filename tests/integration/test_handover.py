@@ -1,4 +1,4 @@
-"""The hand-over of the long-lived runs on a loaded machine (issue 24): no gap in the relay's leg
+"""The hand-over of the long-lived runs on a loaded machine: no gap in the relay's leg
 (outbox commit → Kafka) nor in the load's (Kafka → dimension) when a relay or load run spends
 its budget and its successor takes over.
 

@@ -1,4 +1,4 @@
-"""Kafka as a production cluster (issue 16), on a private 3-node KRaft cluster of this module:
+"""Kafka as a production cluster, on a private 3-node KRaft cluster of this module:
 replicated topics and the migrate check, the relay and the loaders across a broker killed with
 SIGKILL, two loaders splitting the partitions through a rebalance.
 

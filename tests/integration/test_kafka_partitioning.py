@@ -1,4 +1,4 @@
-"""Keys land on the partition the Java client would pick (issue 19), on the real broker."""
+"""Keys land on the partition the Java client would pick, on the real broker."""
 
 from __future__ import annotations
 

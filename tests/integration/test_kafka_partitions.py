@@ -1,4 +1,4 @@
-"""A minority partition of the 3-broker Kafka cluster (issue 24): the leader of a layout-group
+"""A minority partition of the 3-broker Kafka cluster: the leader of a layout-group
 partition cut off from the other two brokers, not killed, while `pin outbox relay` publishes
 from the outbox and two `pin devstats load` consume into the ClickHouse server's dimension; then
 healed. A Jepsen-style checker (tests/support/history.py) reads the whole history, every outbox

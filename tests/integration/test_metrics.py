@@ -1,4 +1,4 @@
-"""Issue 7: the exporter scraped over real HTTP after real drains, counters that survive restarts
+"""The exporter scraped over real HTTP after real drains, counters that survive restarts
 of the exporter, and the dimension loader's offsets, lag and freshness read from a real broker."""
 
 from __future__ import annotations

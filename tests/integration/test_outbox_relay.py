@@ -1,4 +1,4 @@
-"""Outbox relay against the real PostgreSQL and Kafka (issues 4 and 12).
+"""Outbox relay against the real PostgreSQL and Kafka.
 
 Every test captures the topics' end offsets first and reads only from there, and only the keys it
 made, so tests (and other modules publishing on the same topics) cannot see each other. Reads are
@@ -506,7 +506,7 @@ def test_a_message_is_stamped_with_its_outbox_row_creation_time(
     """Tried: two events written a second apart and relayed together 1.5 s later. Each
     message's Kafka timestamp is its outbox row's `created_at` to the millisecond (CreateTime),
     not the moment the relay or the broker handled it: freshness downstream counts the wait in
-    the outbox too (issue 13). Without a recalc span the message has no traceparent header."""
+    the outbox too. Without a recalc span the message has no traceparent header."""
     keys = [str(uuid.uuid4()) for _ in range(2)]
     for key in keys:
         insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
@@ -528,7 +528,7 @@ def test_a_message_is_stamped_with_its_outbox_row_creation_time(
 def test_pin_outbox_relay_without_once_relays_continuously_until_sigterm(
     outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
 ) -> None:
-    """Tried: `pin outbox relay` without --once (issue 19), events committed in three rounds a
+    """Tried: `pin outbox relay` without --once, events committed in three rounds a
     second apart while it runs: each round is in Kafka within 2 s of its commit without another
     launch; SIGTERM then ends it with exit 0 and the JSON summary of everything it published, and
     the outbox is empty."""
@@ -581,7 +581,7 @@ print(summary.published, flush=True)
 def test_a_relay_hands_over_to_its_successor_without_loss_or_reordering(
     outbox: psycopg.Connection, start: dict[str, dict[int, int]], kafka_bootstrap: str
 ) -> None:
-    """Tried: the hand-over of the Dagster relay runs (issue 19) with real processes. A relay
+    """Tried: the hand-over of the Dagster relay runs with real processes. A relay
     runs 4 s; its successor starts 2 s in and waits for the relay lock; meanwhile 20 keys get a
     new Version every 50 ms, through the hand-over and after. A read_committed consumer sees
     every event exactly once, each key's Version strictly increasing in offset order, and both

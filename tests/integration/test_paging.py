@@ -1,4 +1,4 @@
-"""Issue 26: on-call is paged for real. Each failure is caused for real on the local stack; the
+"""On-call is paged for real. Each failure is caused for real on the local stack; the
 exporter (`pin metrics serve`, a real process) is scraped by a real Prometheus that evaluates the
 shipped rules and sends to a real Alertmanager routing by the shipped route; the alert must reach
 the test's webhook receiver, at the right receiver, with its labels and runbook link, within a

@@ -1,4 +1,4 @@
-"""Network partitions (issue 24): a peer blackholed with iptables (tests/support/blackhole.py),
+"""Network partitions: a peer blackholed with iptables (tests/support/blackhole.py),
 every packet dropped both ways, no RST and no FIN, as when a host loses its network. A killed
 process or a refused port is an error at once; this is silence, which only the project's own
 bounds end (config.DEAD_PEER_SECONDS, both ends of every PostgreSQL connection)."""
@@ -65,7 +65,7 @@ def test_a_drain_cut_off_inside_a_project_frees_it_and_ends_in_one_line(
 ) -> None:
     """Tried: drain A (`pin recalc drain --once`) is inside a project's transaction (a test
     trigger sleeps in its UPDATE) when its one connection is blackholed; PostgreSQL and every
-    other client are fine. Before issue 24 the server kept A's session and row locks for the
+    other client are fine. Without keepalives the server kept A's session and row locks for the
     kernel's retransmission timeout (~15 min): SKIP LOCKED passed over the project, and A waited
     on its dead socket as long. Now the server's keepalives and client check end A's session
     within DEAD_PEER_SECONDS, a healthy drain B (a `pin recalc drain --once` a second) recalcs
@@ -162,7 +162,7 @@ def test_a_continuous_loader_rides_out_a_kafka_partition_with_no_operator(
 ) -> None:
     """Tried: a continuous `pin devstats load` (the embedded engine, its folder's owner) has
     joined its group and loaded a first event when the broker's port is blackholed for 30 s:
-    its session expires, the group loses it, its commits and fetches hang. Before issue 24 it
+    its session expires, the group loses it, its commits and fetches hang. Without the rejoin it
     stayed alive but never got partitions again: 90 s after the heal none of the new versions was
     loaded. Now every version produced after the heal is visible within 30 s of it, with no
     operator, and the loader then stops cleanly on SIGTERM with its summary. With the defaults
@@ -223,7 +223,7 @@ def test_a_loader_cut_off_from_its_clickhouse_server_ends_in_one_line_and_the_ne
     """Tried: a continuous `pin devstats load` on a ClickHouse server (this test's own) has
     loaded a first event when the server's port goes silent for 30 s, both ways (a partition)
     or only the server's answers (`answers-lost`: the loader's insert arrives and is stored, it
-    never hears so). Events keep arriving in Kafka meanwhile. Before issue 24 every attempt of
+    never hears so). Events keep arriving in Kafka meanwhile. Without keepalives every attempt of
     the batch waited out the driver's 60 s receive timeout: minutes before the loader said
     anything. Now keepalive finds the silence within DEAD_PEER_SECONDS, the batch's attempts run
     out, and the loader ends within 45 s of the cut with one line, its offsets not committed
@@ -277,7 +277,7 @@ def test_a_loader_cut_off_from_its_clickhouse_server_ends_in_one_line_and_the_ne
 
 # --- the continuous relay through a Kafka partition -------------------------------------------
 
-#: As in the trial that found the relay riding it out (issue 24): it must stay that way.
+#: As in the trial that found the relay riding it out: it must stay that way.
 RELAY_PARTITION_SECONDS = 25.0
 
 

@@ -95,7 +95,7 @@ def _metadata(event) -> dict:
 def test_sensor_skips_an_empty_queue_and_a_poison_only_queue(db, instance):
     """The sensor on an empty queue, then on a queue holding only a poisoned row: SkipReason
     both times (poison is left for triage and must not launch runs every 5 s). Each evaluation
-    still beats: the scheduler's liveness shows whatever the queue holds (issue 26)."""
+    still beats: the scheduler's liveness shows whatever the queue holds."""
     db.execute("DELETE FROM chessboard.recalc_scheduler_beats")
     assert isinstance(_evaluate(instance), dg.SkipReason)
     beat = db.execute(

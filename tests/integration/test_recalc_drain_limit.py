@@ -1,4 +1,4 @@
-"""PIN_RECALC_MAX_DRAIN_RUNS is one knob (issue 13): the Dagster instance that `pin serve`
+"""PIN_RECALC_MAX_DRAIN_RUNS is one knob: the Dagster instance that `pin serve`
 installs admits that many concurrent recalc_drain_job runs, and the sensor launches no more.
 
 The run queue is Dagster's own QueuedRunCoordinator daemon, run in process for two iterations on

@@ -1,4 +1,4 @@
-"""Spec 000 under faults (issue 12): retries that continuous edits cannot postpone, and
+"""Spec 000 under faults: retries that continuous edits cannot postpone, and
 attempt_count as the failed runs: a failure, a statement timeout, or an attempt whose drain died
 inside it (claimed_at left behind, counted by the next tick) counts one, so a project that kills
 its worker is parked as poison, while a drain that is only stopped (SIGTERM) counts nothing and
@@ -61,13 +61,14 @@ def _row_unlocked(conn: psycopg.Connection, project: UUID) -> bool:
 def test_a_failed_project_under_continuous_edits_is_retried_within_the_cap(db, pg_dsn):
     """Tried: a 2 s debounce, a 6 s starvation cap, retry_interval and the worker's tick 1 s; the
     project's object is repriced every 0.4 s for the whole test, and its first recalc fails.
-    Before issue 12 the retry waited for `updated_at + retry_interval`, which every edit pushed,
-    so the project was never retried while edits came. Now the row falls due at the cap although
-    edits continue, the first tick that finds it due fails it, and the next tick recalculates it:
-    within starvation_cap + two ticks (counted in ticks, not seconds: the machine is shared).
-    An edit and a tick never overlap (they take turns on `turns`): an edit's upsert locks the queue
-    row for a moment, and a claim that meets that lock passes the row over (SKIP LOCKED, by
-    design), which added a tick that says nothing about the retry rule (seen once in CI)."""
+    A retry clocked from the last edit waited for `updated_at + retry_interval`, which every edit
+    pushed, so the project was never retried while edits came. Now the row falls due at the cap
+    although edits continue, the first tick that finds it due fails it, and the next tick
+    recalculates it: within starvation_cap + two ticks (counted in ticks, not seconds: the machine
+    is shared). An edit and a tick never overlap (they take turns on `turns`): an edit's upsert
+    locks the queue row for a moment, and a claim that meets that lock passes the row over (SKIP
+    LOCKED, by design), which added a tick that says nothing about the retry rule (seen once in
+    CI)."""
     tick, cap = 1.0, 6.0
     turns = threading.Lock()
     set_settings(db, debounce="2 seconds", starvation_cap=f"{cap} seconds", retry_interval="1 s")
@@ -185,8 +186,8 @@ def test_a_drain_stopped_by_sigterm_inside_a_stuck_project_counts_no_attempt(db,
     gives the project STOP_GRACE_SECONDS to finish, then cancels it: the project rolls back
     whole, the drain exits 0 reporting it interrupted, and the attempt is given back
     (attempt_count still 4, no attempt in progress, last_error and the retry clock as before,
-    before issue 26 the claim had counted it and the give-back took it back), so a deploy never
-    poisons a project. Without the hang the next drain recalculates it.
+    where a claim that counted attempts had counted it and the give-back took it back), so a
+    deploy never poisons a project. Without the hang the next drain recalculates it.
 
     "late": the stop comes 7 s into the project (by the server's clock). The cancel after the
     grace then came after the call's 10 s statement timeout, which counted the project a failed

@@ -1,4 +1,4 @@
-"""Issue 6: drift of every kind is found, repair goes through the normal pipeline (drain → relay →
+"""Drift of every kind is found, repair goes through the normal pipeline (drain → relay →
 loader) and a second reconciliation reports zero drift; a consistent database reports none.
 
 Real PostgreSQL, Kafka and the embedded ClickHouse; a missing service fails these tests.

@@ -1,4 +1,4 @@
-"""The outbox relay in Dagster (issue 4), in process against the real PostgreSQL and Kafka: the job
+"""The outbox relay in Dagster, in process against the real PostgreSQL and Kafka: the job
 publishes the outbox and records a materialization per topic asset; the sensor launches it only
 while the outbox holds events and no relay run is in flight."""
 

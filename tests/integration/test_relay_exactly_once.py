@@ -1,9 +1,9 @@
-"""Exactly once into Kafka across crashes (issue 12, item 3), on a private broker of this module.
+"""Exactly once into Kafka across crashes, on a private broker of this module.
 
-The issue: the broker killed mid-relay and kept down past the relay's timeout; the next relay
-sent again what the broker had stored without acknowledging it, after newer events, so per key
-the Version went 2,3,4,5,4,5. Now every batch is a Kafka transaction with a receipt. Each test
-kills something at a chosen point (the broker, or the relay in one of its two windows), lets a
+The failure it prevents: the broker killed mid-relay and kept down past the relay's timeout; the
+next relay sent again what the broker had stored without acknowledging it, after newer events, so
+per key the Version went 2,3,4,5,4,5. Now every batch is a Kafka transaction with a receipt. Each
+test kills something at a chosen point (the broker, or the relay in one of its two windows), lets a
 relay run again, and reads every topic with read_committed, as the contract's consumers do: each
 outbox event exactly once (by EventId) and per key the Version strictly increasing.
 

@@ -1,5 +1,5 @@
-"""A clean stop of `pin serve` (issue 15): SIGTERM while a drain run, the long-lived relay run
-and the long-lived load run (issue 19: 5 minutes each) are in flight ends with those runs
+"""A clean stop of `pin serve`: SIGTERM while a drain run, the long-lived relay run
+and the long-lived load run (5 minutes each) are in flight ends with those runs
 succeeded, no new run launched and no run in FAILURE, on a real daemon, webserver and
 PostgreSQL-backed instance.
 
@@ -46,7 +46,7 @@ def relay_sessions(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-#: How an operator's tools stop `pin serve` (issue 24): Ctrl-C in the terminal of `bin/up` (SIGINT
+#: How an operator's tools stop `pin serve`: Ctrl-C in the terminal of `bin/up` (SIGINT
 #: to the whole foreground process group), `kill -TERM -<pgid>` (SIGTERM to that group), and a
 #: SIGTERM to its pid followed by SIGKILL to everything left after a 30 s grace: Kubernetes' stop,
 #: and a plain `kill <pid>` or systemd's with KillMode=mixed up to their SIGKILL.
@@ -73,20 +73,19 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     """Tried: `pin serve` on its own instance and broker. Once its relay run is in its loop (its
     named PostgreSQL session) and its load run holds the topic's partitions in the loader's
     group, three projects become due whose recalc takes 4 s each (a test trigger), and
-    `pin serve` gets SIGTERM while the drain run is inside the first. Before issue 15 the
-    daemon and the code server were stopped at once: the drain was cut off, and a run launched
-    meanwhile failed ("Tried to start a run on a server after telling it to shut down"). Now
-    the sensors launch nothing more, the drain ends after the project in hand, the relay and
-    the load after their batch in hand (the load with its one materialization), `pin serve`
-    waits for the three, well within its bound, and exits 0; no run of the instance is in
-    FAILURE.
+    `pin serve` gets SIGTERM while the drain run is inside the first. A stop that ends the daemon
+    and the code server at once cuts the drain off, and a run launched meanwhile fails ("Tried to
+    start a run on a server after telling it to shut down"). Now the sensors launch nothing more,
+    the drain ends after the project in hand, the relay and the load after their batch in hand (the
+    load with its one materialization), `pin serve` waits for the three, well within its bound, and
+    exits 0; no run of the instance is in FAILURE.
 
-    Each way an operator's tools stop it is tried (STOPS). Before issue 24 only the signal to its
-    pid was: with the signal sent to the whole process group (Ctrl-C), the run workers got it
-    themselves, stored their batch in hand and then failed ("Execution was interrupted
-    unexpectedly"), 4 of 4 times, and a code server once outlived the stop by minutes. Now every
-    run ends SUCCESS and nothing of the instance is alive 30 s after the signal (the Kubernetes
-    stop's SIGKILL then finds nothing to kill)."""
+    Each way an operator's tools stop it is tried (STOPS), not only the signal to its pid: a
+    stop handled for the pid alone lets the signal sent to the whole process group (Ctrl-C)
+    reach the run workers themselves, which store their batch in hand and then fail ("Execution
+    was interrupted unexpectedly"; 4 of 4 times), and a code server once outlived the stop by
+    minutes. Now every run ends SUCCESS and nothing of the instance is alive 30 s after the signal
+    (the Kubernetes stop's SIGKILL then finds nothing to kill)."""
     signum, target = STOPS[stop]
     home = tmp_path / "dagster_home"
     bootstrap = kafka.settings.kafka_bootstrap

@@ -1,4 +1,4 @@
-"""Issue 12, item 5: pin's long-running commands stop on SIGTERM and SIGINT even when started with
+"""`pin`'s long-running commands stop on SIGTERM and SIGINT even when started with
 both ignored, and the test suite neither ignores SIGTERM nor leaves a process behind.
 
 The baseline CI run left `pin metrics serve` running 14 minutes after it ended, with SigIgn

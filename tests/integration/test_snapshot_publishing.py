@@ -1,4 +1,4 @@
-"""Every change of a published snapshot is published (issue 13, contract section 4): a layout
+"""Every change of a published snapshot is published (contract section 4): a layout
 group's own fields reach dim_layout_group through drain → relay → loader (a bounded load, and a
 running `pin devstats load` read back by `pin devstats labels`), a new group is published once,
 a project's and a layout's own fields are published, and a restored project is recomputed."""
@@ -49,10 +49,10 @@ def test_group_rename_resort_archive_and_an_empty_group_reach_the_dimension(
 ) -> None:
     """Tried: three groups with layouts are loaded; then one is renamed, one re-sorted, one
     archived, and a fourth is created without layouts. None of these moves an aggregate, so
-    before issue 13 nothing was published and the labels kept the old names forever. Now the
-    drain publishes each with Version + 1, and after relay and load the dimension (labels and
-    groups) shows the new names, order and archive flag, and the empty group. A further
-    pipeline run with no change publishes nothing."""
+    when only aggregate changes were published, nothing was published and the labels kept the old
+    names forever. Now the drain publishes each with Version + 1, and after relay and load the
+    dimension (labels and groups) shows the new names, order and archive flag, and the empty group.
+    A further pipeline run with no change publishes nothing."""
     project = make_project(db)
     building = make_building(db, project)
     studios, lux, penthouses = (
@@ -148,9 +148,10 @@ def test_a_running_loader_shows_the_changed_groups_to_pin_devstats_labels(
 def test_a_restored_project_is_queued_and_recomputed(db: psycopg.Connection) -> None:
     """Tried, for both ways a project stops carrying aggregates (status Archived, soft delete):
     retire it, change its object meanwhile (the drain skips a retired project, by the spec, so
-    its numbers go stale), then restore it. Before issue 13 the restore enqueued nothing and the
-    numbers stayed stale until a child row changed. Now each restore queues the project and the
-    drain recomputes it: no drift, the numbers of the object as it is now."""
+    its numbers go stale), then restore it. Without a trigger on the project's own fields the
+    restore enqueued nothing and the numbers stayed stale until a child row changed. Now each
+    restore queues the project and the drain recomputes it: no drift, the numbers of the object as
+    it is now."""
     project = make_project(db)
     building = make_building(db, project)
     obj = make_object(db, project, building, None, status="Free", price=500)

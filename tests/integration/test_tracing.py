@@ -1,4 +1,4 @@
-"""Trace spans (spec 000 "Traces", issue 13), exported by OpenTelemetry's own OTLP/HTTP exporter
+"""Trace spans (spec 000 "Traces"), exported by OpenTelemetry's own OTLP/HTTP exporter
 from real `pin` processes to a real local HTTP receiver, configured by the standard variables."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The paging path on loopback (issue 26): Debian's Prometheus and Alertmanager, run with the
+"""The paging path on loopback: Debian's Prometheus and Alertmanager, run with the
 shipped configs (ops/prometheus/prometheus.yml, ops/alertmanager/alertmanager.yml) pointed at
 this test's exporter, rules and webhook receiver, with intervals of a second instead of 15 s.
 

@@ -1,7 +1,7 @@
 """Network partitions on loopback, made with Debian's iptables: every packet of a port, or of one
 connection, dropped (no RST, no FIN), the way a peer that lost its network looks from the other
 side. A refused or reset socket is an error at once; a blackholed one is silence, which only the
-project's own timeouts end (issue 24).
+project's own timeouts end.
 
 `isolate` cuts processes of one machine off from each other while every other process still
 reaches all of them: a broker from the other brokers of a loopback cluster (a minority partition,

@@ -1,4 +1,4 @@
-"""A Jepsen-style checker over the whole history of one fault test (issue 24): every event
+"""A Jepsen-style checker over the whole history of one fault test: every event
 written (to the outbox: what PostgreSQL committed), what a read_committed consumer read from
 Kafka, and the dimension's current rows once the fault has healed. One module, for every fault
 test of the pipeline.

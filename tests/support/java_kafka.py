@@ -1,5 +1,5 @@
 """The Java Kafka client's default partitioning, written independently of librdkafka, as the
-oracle the relay's placement is checked against (issue 19)."""
+oracle the relay's placement is checked against."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one door to the dimension's online reads (issue 25, devstats/actor.py): an `Actor` that only
+"""The one door to the dimension's online reads (devstats/actor.py): an `Actor` that only
 token verification (api/auth.py) or the operator's explicit door (devstats/operator.py) makes,
 and reads that take nothing else. No service is needed: signatures and source are inspected,
 and the run-time refusals happen before any statement.

@@ -1,4 +1,4 @@
-"""The read API's settings (config.py, issue 25): PIN_API_ADDR, PIN_API_PORT,
+"""The read API's settings (config.py): PIN_API_ADDR, PIN_API_PORT,
 PIN_API_METRICS_PORT, PIN_API_JWKS_URL, PIN_API_ISSUER, PIN_API_AUDIENCE — defaults, read, and a
 bad value refused in one line for every command (the other settings' tests: test_settings.py).
 Only mappings are parsed; the metrics listener is tried in-process on a port in use (the whole

@@ -1,4 +1,4 @@
-"""The Kubernetes deployment (deploy/, issue 18). Nothing here can start a cluster, so these tests
+"""The Kubernetes deployment (deploy/). Nothing here can start a cluster, so these tests
 hold the configuration to what Dagster itself accepts and to the repository's own instance:
 
 - deploy/k8s/dagster.yaml passes Dagster's instance config validation, and every configurable class
@@ -11,7 +11,7 @@ hold the configuration to what Dagster itself accepts and to the repository's ow
   taken from the PIN_RECALC_MAX_DRAIN_RUNS that the values give the code server.
 - The code server and the run workers get the contract's settings, and the Dockerfile serves the
   code location that the values, pyproject.toml and workspace.yaml name.
-- The read API's Deployment and Service (deploy/k8s/dev-stats-api.yaml, issue 25): every key
+- The read API's Deployment and Service (deploy/k8s/dev-stats-api.yaml): every key
   checked against the Kubernetes API models of the `kubernetes` client (a misspelt key fails),
   `pin api serve` in the code server's image on the port its Service and probes name, and the
   settings the pod gets valid for the API: a ClickHouse server, the identity provider, all
@@ -491,7 +491,7 @@ def test_the_chart_and_the_images_move_with_the_dagster_pin() -> None:
         assert values[part]["image"]["tag"] == pins["dagster"]
 
 
-# --- the read API (issue 25) ------------------------------------------------------------------
+# --- the read API ---------------------------------------------------------------------------------
 
 #: The Kubernetes client's model of each kind the API's manifest holds.
 API_KINDS = {"ConfigMap": "V1ConfigMap", "Deployment": "V1Deployment", "Service": "V1Service"}

@@ -1,4 +1,4 @@
-"""The hand-over margin of the long-lived runs follows the measured launch latency (issue 24):
+"""The hand-over margin of the long-lived runs follows the measured launch latency:
 a successor launched a fixed 20 s before its predecessor's end started too late once a launch
 took longer than that, leaving the relay's or the loader's leg without a run."""
 

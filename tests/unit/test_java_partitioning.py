@@ -1,4 +1,4 @@
-"""The relay's partitioner is the Java client's (issue 19); the oracle is checked against the
+"""The relay's partitioner is the Java client's; the oracle is checked against the
 vectors of Kafka's own UtilsTest.testMurmur2 (the Java client's values, signed 32-bit)."""
 
 from __future__ import annotations

@@ -7,10 +7,10 @@
   of it, direct or through other modules, at module level or inside a function, leads to the
   loader's version guard and write (`devstats.dim`), the operator's Actor (`devstats.operator`),
   the loader or its face (`devstats.loading`), the reconciliation or the CLI; of devstats it
-  reaches the Actor and the scoped reads only (issue 25);
+  reaches the Actor and the scoped reads only;
 - a package with a public face (FACES) is imported from outside only through it, never through a
   module behind it (FACE_EXCEPTIONS name the few that may, and why), and every name of a face's
-  `__all__` is bound in it (issue 28).
+  `__all__` is bound in it.
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ def face_bypasses() -> list[tuple[str, str, int]]:
 
 
 def test_other_packages_import_a_faced_package_through_its_face_only() -> None:
-    """Tried on the code before issue 28: 38 imports, among them defs/recalc's and
+    """Tried on the code before the packages had faces: 38 imports, among them defs/recalc's and
     defs/devstats' (`recalc.drain`, `devstats.loader`, `devstats.freshness`, …), the CLI's
     function-level ones, reconcile's `devstats.dim` QUERIES and `recalc.enqueue`, the API's
     `devstats.actor` and `devstats.reads`, metrics' `recalc.counters`, `relay.metrics` and
@@ -403,10 +403,10 @@ def _taken_from(package: str, name: str, tree: ast.Module) -> set[str]:
 
 
 def test_every_face_declares_all_and_binds_each_name_of_it() -> None:
-    """Tried on the code before issue 28: recalc's and devstats' `__init__` had no `__all__` and
-    `devstats.loading` did not exist. Also fails on a name listed twice or not bound (a typo, a
-    name moved away), and on a name a face takes from its own package but leaves out of `__all__`
-    (public by accident, as `from pin_pipelines.x import *` would not give it)."""
+    """Tried on the code before the packages had faces: recalc's and devstats' `__init__` had no
+    `__all__` and `devstats.loading` did not exist. Also fails on a name listed twice or not bound
+    (a typo, a name moved away), and on a name a face takes from its own package but leaves out of
+    `__all__` (public by accident, as `from pin_pipelines.x import *` would not give it)."""
     for package, faces in FACES.items():
         for face in faces:
             assert face in MODULES, face

@@ -1,5 +1,5 @@
-"""Every named query the product calls exists, with exactly the parameters it is called with
-(issue 28). The modules reach their SQL as `Q: Any = queries("<file>")`, so a typo in a query's
+"""Every named query the product calls exists, with exactly the parameters it is called with.
+The modules reach their SQL as `Q: Any = queries("<file>")`, so a typo in a query's
 name, or a parameter renamed in the `.sql` file and not in the caller, would only fail when that
 line runs; here both sides are read statically: the callers from their syntax tree, the queries
 from aiosql's parse of `sql/postgres/queries/<file>.sql`. Also: no query of a product file is

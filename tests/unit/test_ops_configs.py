@@ -1,7 +1,7 @@
-"""The operator-facing configs of issue 7: alert rules and the Grafana dashboard parse, name only
+"""The operator-facing configs: alert rules and the Grafana dashboard parse, name only
 metrics that `pin metrics serve` serves (the list comes from the exporter's own `describe()`), and
 pass `promtool check rules` / `promtool test rules`. The dashboard's queries are also checked
-panel by panel, labels included, against the read API's own registry too (issue 26).
+panel by panel, labels included, against the read API's own registry too.
 
 promtool comes from Debian's `prometheus` package; without it these tests FAIL, they never skip.
 """
@@ -265,7 +265,7 @@ def test_dashboard_uses_only_served_metrics_and_labels() -> None:
 
 def test_dashboard_shows_the_spec_panels() -> None:
     """Spec 000's recalc panels, spec 003's loader lag and freshness (its SLA drawn), and the
-    read API's requests by status and latency (issue 26)."""
+    read API's requests by status and latency."""
     queue = panel_reports("Queue depth and due backlog")
     assert {"chessboard_recalc_queue_depth", "chessboard_recalc_due_backlog"} <= {
         m for r in queue for m in r.metrics

@@ -1,5 +1,5 @@
 """Every job, schedule, sensor, asset, asset check, metric and alert that docs/runbook.md names
-exists under that name (issue 13: the runbook sent on-call to a schedule that Dagster calls
+exists under that name (the runbook sent on-call to a schedule that Dagster calls
 otherwise). Nothing here needs a service: the names come from `pin_pipelines.definitions.defs`,
 the exporter's describe(), the read API's own metrics and ops/prometheus/alerts.yml.
 

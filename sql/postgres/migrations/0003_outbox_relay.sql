@@ -1,4 +1,4 @@
--- Outbox relay (issue 4): per-key ordering buckets, the topic registry the relay validates
+-- Outbox relay: per-key ordering buckets, the topic registry the relay validates
 -- against, dead letters, and per-topic counters that metrics read from PostgreSQL.
 -- depends: 0001_chessboard_schema
 

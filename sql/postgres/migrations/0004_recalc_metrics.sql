@@ -1,5 +1,5 @@
 -- depends: 0002_event_payloads
--- Persisted Prometheus counters of the recalc drain and the dimension loader (issue 7). A drain
+-- Persisted Prometheus counters of the recalc drain and the dimension loader. A drain
 -- is a short-lived process, so an in-process counter would reset with every run; these rows are
 -- updated in the transaction of the work they count, which makes them exactly-once and
 -- restart-proof. `pin metrics serve` reads them at scrape time.

@@ -1,5 +1,5 @@
 -- depends: 0005_outbox_wire_text
--- Recalc attempts are counted when a row is claimed, not when it fails (issue 12).
+-- Recalc attempts are counted when a row is claimed, not when it fails.
 --
 -- A drain that dies inside a project (OOM kill, segfault, a terminated connection) takes the
 -- transaction that would have counted its failure with it. So the claim increments attempt_count

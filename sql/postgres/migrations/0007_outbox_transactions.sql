@@ -1,5 +1,5 @@
 -- depends: 0005_outbox_wire_text
--- The relay writes Kafka transactions (issue 12, item 3): one relay publishes at a time, and each
+-- The relay writes Kafka transactions: one relay publishes at a time, and each
 -- transaction carries a receipt that says, after a crash, whether it committed.
 --
 -- One publisher: a relay holds a session advisory lock on the outbox while it holds its

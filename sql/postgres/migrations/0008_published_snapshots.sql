@@ -1,5 +1,5 @@
 -- depends: 0006_recalc_claims
--- Every change of a published snapshot is published (issue 13, contract section 4).
+-- Every change of a published snapshot is published (contract section 4).
 --
 -- The drain used to publish a row only when its aggregates changed, so a renamed, re-sorted or
 -- archived layout group (or a renamed project, or a new group with no layouts) never reached its

@@ -1,6 +1,6 @@
 -- transactional: false
 -- depends: 0009_event_trace_context
--- The per-project recompute at 10M property objects (issue 18, bench/bench_scale.py,
+-- The per-project recompute at 10M property objects (bench/bench_scale.py,
 -- docs/capacity.md).
 --
 -- recalc_buildings and recalc_layouts join each building / layout of the project to its objects

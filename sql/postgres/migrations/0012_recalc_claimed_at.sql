@@ -1,6 +1,6 @@
 -- depends: 0011_recalc_scheduler_beats
 -- attempt_count is the number of failed runs, as spec 000 defines it ("Число неуспешных
--- прогонов"), no longer the number of claims (issue 26). An attempt in progress shows apart, as
+-- прогонов"), no longer the number of claims. An attempt in progress shows apart, as
 -- claimed_at: set by the claim's own committed transaction, cleared by the attempt's outcome
 -- (record_failure, release_claim; a success deletes the row). A drain that dies inside the
 -- attempt cannot clear it: the next tick finds the claim unlocked past retry_interval and counts

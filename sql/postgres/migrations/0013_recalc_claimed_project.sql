@@ -1,5 +1,5 @@
 -- depends: 0012_recalc_claimed_at
--- One claimed project's work as one statement (issue 27). The drain used to send the work
+-- One claimed project's work as one statement. The drain used to send the work
 -- transaction's steps one by one (lock_claimed_request, a SAVEPOINT, lock_project, four
 -- recalc_* statements, delete_request, RELEASE): eleven round trips per project, most of its
 -- cost against a plain per-project function. This function is those steps, in the same order,

@@ -1,5 +1,5 @@
 -- depends: 0013_recalc_claimed_project
--- One project, one statement, one transaction (issue 27). The drain used to send per project a
+-- One project, one statement, one transaction. The drain used to send per project a
 -- claim (its own transaction), then BEGIN, recalc_claimed_project, the counters and COMMIT: two
 -- commits and five statements, against a plain implementation's one transaction. Now a tick's
 -- first project is claimed alone (claim_due_request, as before), and every project's work

@@ -1,5 +1,5 @@
 -- depends: 0014_recalc_project_step
--- The three snapshot builders of migration 0008 are STABLE, as their bodies are (issue 27).
+-- The three snapshot builders of migration 0008 are STABLE, as their bodies are.
 -- Declared IMMUTABLE, they could not be inlined: the planner refuses to inline an IMMUTABLE sql
 -- function whose body calls a mutable one, and jsonb_build_object is STABLE. Each call then ran
 -- its body as a query of its own (executor start and end per row), and recalc_claimed_project

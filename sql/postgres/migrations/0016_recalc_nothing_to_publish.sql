@@ -1,6 +1,6 @@
 -- depends: 0015_inlined_snapshots
 -- A project with nothing to publish neither starts an outbox INSERT nor waits for the WAL
--- flush at its commit (issue 27). Measured on a drain's backend over steady projects (nothing
+-- flush at its commit. Measured on a drain's backend over steady projects (nothing
 -- changed, nothing published), each alone:
 --
 -- * Every INSERT into outbox_events prepares the table's stored generated columns when its

@@ -1,6 +1,6 @@
 -- depends: 0016_recalc_nothing_to_publish
 -- outbox_event_defect (migration 0005) as an expression the planner inlines, its body parsed
--- once, here (issue 27). The same checks, in the same order, with the same messages: the rows
+-- once, here. The same checks, in the same order, with the same messages: the rows
 -- already stored need no rewrite.
 --
 -- Its text body listed missing fields with a sub-SELECT, and the planner inlines no function

@@ -1,12 +1,12 @@
 -- depends: 0017_outbox_defect_inlined
--- A drain tick in one CALL, a COMMIT per project (issue 27). The drain sent a statement per
+-- A drain tick in one CALL, a COMMIT per project. The drain sent a statement per
 -- project (recalc_project_step, which also claimed the next one): 1.16 round trips per
 -- project, each waking the drain's Python, which on a machine as busy as its cores shares a CPU
 -- with a backend and runs cold there (bench_drain_placement: its user CPU doubled). Measured
 -- with this procedure's prototype against that drain (bench/bench_tick_procedure.py of commit
 -- 35c05bd, alternating, 4 rounds, 1,000 projects × 50 objects): CPU per project (backends' and
 -- drains') ×0.58-0.66 steady, ×0.74-0.83 edited and rewrite; projects/s ×1.2-1.8; the
--- scale-out by cost (2 workers / 1) 1.03-1.10 where the drain's was 1.10-1.23 (README).
+-- scale-out by cost (2 workers / 1) 1.03-1.10 where the drain's was 1.10-1.23 (docs/benchmarks.md).
 --
 -- Every guarantee of the statement per project stays, because each project still runs
 -- recalc_project_step in a transaction of its own: the tick's first claim commits alone before

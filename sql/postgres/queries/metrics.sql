@@ -1,4 +1,4 @@
--- Named queries of the Prometheus exporter (issue 7). Parameters are :named (aiosql).
+-- Named queries of the Prometheus exporter. Parameters are :named (aiosql).
 --
 -- Read-only, at scrape time. The counters are written by the work they count, in its own
 -- transaction (recalc.sql: record_recalc_outcome, record_tick; devstats.sql:

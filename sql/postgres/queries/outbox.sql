@@ -1,4 +1,4 @@
--- Named queries of the outbox relay (issues 4 and 12). Parameters are :named (aiosql).
+-- Named queries of the outbox relay. Parameters are :named (aiosql).
 --
 -- Ordering rule: one relay publishes at a time (lock_relay), in id order, one Kafka transaction per
 -- batch. For one key id order is commit order (the drain UPDATEs the entity row before it INSERTs

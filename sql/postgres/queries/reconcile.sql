@@ -1,4 +1,4 @@
--- Named queries of the drift reconciliation (issue 6). Parameters are :named (aiosql).
+-- Named queries of the drift reconciliation. Parameters are :named (aiosql).
 --
 -- The truth here is written independently of the drain (recalc.sql) on purpose: one wrong
 -- predicate must not hide in both. Where the drain joins each entity to its objects per project,
