@@ -39,10 +39,6 @@ def in_flight_records(
     )
 
 
-def runs_in_flight(context: dg.SensorEvaluationContext, job_name: str, limit: int = 5) -> int:
-    return len(in_flight_records(context, job_name, limit))
-
-
 #: A long-lived run's successor is launched at least this long before the run in flight ends,
 #: and longer when launches are slow: the measured launch latency's p99 plus
 #: HANDOVER_SLACK_SECONDS (`handover_seconds`). The successor waits (relay: on the relay lock;

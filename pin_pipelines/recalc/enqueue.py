@@ -1,6 +1,6 @@
-"""The enqueue side: explicit raisers, the runbook's force-recalc and poison requeue.
+"""The operators' side of the enqueue: the runbook's force-recalc and poison requeue.
 
-Row-level raisers need none of this: triggers on property_objects, layouts and buildings call
+The raisers need none of this: triggers on property_objects, layouts and buildings call
 `chessboard.request_project_recalc` in the writer's own transaction (migration 0001).
 """
 
@@ -29,13 +29,6 @@ class RecalcReason(StrEnum):
     CRUD = "Crud"
     MANUAL = "Manual"
     RECONCILE = "Reconcile"
-
-
-def request_recalc(
-    conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason
-) -> None:
-    """Debounced request in the caller's transaction (the spec's raiser contract)."""
-    Q.request_project_recalc(conn, project_id=project_id, tenant_id=tenant_id, reason=str(reason))
 
 
 def force_request(conn: psycopg.Connection, project_id: UUID, reason: RecalcReason) -> None:
