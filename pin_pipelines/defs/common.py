@@ -56,7 +56,7 @@ LAUNCH_SAMPLE_RUNS = 20
 def launch_latencies(instance: dg.DagsterInstance, job_name: str) -> list[float]:
     """Seconds from created to started (the daemon's dequeue, the code server's process start,
     the run worker's imports) of the job's last LAUNCH_SAMPLE_RUNS runs that started, sorted.
-    Measured under `pin serve` on a busy 2-core machine: 13.7–19 s (issue 24), beyond the fixed
+    Measured under `pin serve` on a busy 2-core machine: 13.7–19 s, beyond the fixed
     20 s margin's reach once the machine is busier."""
     records = instance.get_run_records(
         dg.RunsFilter(job_name=job_name), limit=LAUNCH_SAMPLE_RUNS * 2
@@ -195,7 +195,7 @@ def long_run_sensor(
 
 #: `pin serve` writes this file into DAGSTER_HOME when it is asked to stop: sensors launch nothing
 #: more and a drain ends after the project in hand, and `pin serve` stops the daemon only once no
-#: run is in flight, so a clean stop leaves no run in FAILURE (issue 15). Removed at each start.
+#: run is in flight, so a clean stop leaves no run in FAILURE. Removed at each start.
 STOPPING_MARKER = "pin-serve-stopping"
 STOPPING_REASON = "pin serve is stopping: no new runs"
 
@@ -211,7 +211,7 @@ class RunStop:
     SIGTERM is mapped onto it), which raised DagsterExecutionInterruptedError wherever the op
     happened to be. The same signals also come without any cancel: Ctrl-C in `bin/up`'s
     terminal signals the whole foreground process group, and systemd's default stop every
-    process of the unit, run workers included (issue 24: every such stop left the runs in
+    process of the unit, run workers included (every such stop used to leave the runs in
     FAILURE). So inside `stopped_by_signal` the signals only set a flag, polled with `pin
     serve`'s stopping marker; the op finishes its project or batch in hand and ends, and
     `end` then raises only when the run was canceled: a signal without a cancel is the

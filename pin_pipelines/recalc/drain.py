@@ -220,7 +220,7 @@ def tick_on(
         poisoning = _settle_abandoned_claims(conn, summary.correlation_id, poison_at)
         summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
-        # every second, and those lines were most of its compute log (issue 15).
+        # every second, and those lines were most of its compute log.
         quiet = logging.DEBUG if summary.due_at_start == 0 else logging.INFO
         log_event(
             log,

@@ -158,7 +158,7 @@ class VersionsBehind:
     stale: list[UUID]
     #: Groups without a row. Not necessarily late: a new group is published once its project
     #: is drained (after the debounce), and a group that had no layouts before migration 0008
-    #: only when its project is next drained (issue 13; a repair publishes it at once).
+    #: only when its project is next drained (a repair publishes it at once).
     missing: list[UUID]
     #: Of both, the groups whose version was written longer ago than the grace: events that
     #: should have been visible by now.

@@ -76,7 +76,7 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
             "rows_behind": len(found.stale),
             "rows_behind_past_sla": len(late),
             "behind_past_sla_ids": id_list(late),
-            # A group is published once it exists (issue 13), so one without a row past the SLA
+            # A group is published once it exists, so one without a row past the SLA
             # is as late as a stale row; dim_layout_group_drift's repair publishes it.
             "groups_missing": len(found.missing),
             "groups_missing_past_sla": len(missing_late),

@@ -1,4 +1,5 @@
-"""Issue 6 in Dagster: the drift assets with their checks, an on-demand job and an hourly run."""
+"""Drift reconciliation in Dagster: the drift assets with their checks, an on-demand job and an
+hourly run."""
 
 import dagster as dg
 

@@ -2,7 +2,7 @@
 
 A run relays for `budget_seconds`, polling an empty outbox every `poll_seconds`, so an event
 reaches Kafka within a fraction of a second of its commit instead of a sensor tick and a run
-launch later (issue 19). The sensor launches the successor shortly before the run's budget ends;
+launch later. The sensor launches the successor shortly before the run's budget ends;
 the successor waits for the relay lock (one publisher at a time, PostgreSQL advisory lock) and
 takes over when the run lets go of it: no gap beyond a producer's start, and no overlap that
 could reorder a key (the lock, and the transactional.id that fences a predecessor). A stop
