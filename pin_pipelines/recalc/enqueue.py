@@ -7,15 +7,15 @@ The raisers need none of this: triggers on property_objects, layouts and buildin
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from pin_pipelines.db import connection, queries
 from pin_pipelines.errors import PinError
+from pin_pipelines.sql_faces import RecalcQueries
 
-Q: Any = queries("recalc")
+Q = queries("recalc", RecalcQueries)
 
 
 class RecalcReason(StrEnum):
