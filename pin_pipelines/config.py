@@ -34,7 +34,7 @@ DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS = 7 * 24 * 3600 * 1000
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
 #: How long one long-lived relay or load run runs before its successor takes over: a
 #: run's event log stays small. At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
-#: margin (defs/common.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
+#: margin (defs/handover.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
 #: once.
 DEFAULT_LONG_RUN_SECONDS = 300
 MIN_LONG_RUN_SECONDS = 60

@@ -18,7 +18,8 @@ import dagster as dg
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_dsn, with_dead_peer_bounds
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
-from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
+from pin_pipelines.defs.sensors import IN_FLIGHT
+from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.errors import PinError
 from pin_pipelines.signals import stop_requested
 

@@ -19,9 +19,9 @@ from typing import Any
 import dagster as dg
 
 from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS
-from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.stopping import stopped_by_signal
 from pin_pipelines.devstats.loading import LoadOptions, LoadSummary, load_continuously
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 

@@ -3,8 +3,8 @@ hourly run."""
 
 import dagster as dg
 
-from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.reconcile.assets import aggregates_drift, dim_layout_group_drift
+from pin_pipelines.defs.schedules import running_schedule
 
 reconcile_job = dg.define_asset_job(
     "reconcile_job",

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import dagster as dg
 
 from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS, Settings
-from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.stopping import stopped_by_signal
 from pin_pipelines.errors import PinError
 from pin_pipelines.relay import OutboxRelay, RelaySummary, topic_end_offsets
 from pin_pipelines.worker import Budget
