@@ -1,4 +1,4 @@
-"""The dev-stats read API under load (issue 25); not a test. Prints ONE JSON line.
+"""The dev-stats read API under load; not a test. Prints ONE JSON line.
 
 For each engine, one developer's G groups are stored (the loader's own write) and a real
 `pin api serve` process is started on them, trusting a tiny identity provider of this run

@@ -1,4 +1,4 @@
-"""What the embedded engine allows (issue 19): can a process let go of a chdb folder for another
+"""What the embedded engine allows: can a process let go of a chdb folder for another
 process and open it again, what an open costs, and what a close gives back. Prints ONE JSON line.
 
     .venv/bin/python bench/bench_chdb_reopen.py [--cycles 300]

@@ -1,4 +1,4 @@
-"""dim_layout_group on a ClickHouse cluster (issue 17); not a test. Prints ONE JSON line.
+"""dim_layout_group on a ClickHouse cluster; not a test. Prints ONE JSON line.
 
 A private cluster of this run (ZooKeeper and three Debian clickhouse-server 18.16: shard 1 with
 replicas s1r1 and s1r2, shard 2 with s2r1; stack/clickhouse_cluster.py, on --base-port) and a

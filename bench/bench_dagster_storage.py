@@ -1,4 +1,4 @@
-"""Dagster storage at production cadence (issue 15): `pin serve` on a fresh instance (its own
+"""Dagster storage at production cadence: `pin serve` on a fresh instance (its own
 storage database and DAGSTER_HOME) under a fixed edit load, then what the instance grew by.
 Prints ONE JSON line.
 

@@ -1,4 +1,4 @@
-"""dim_layout_group loader benchmark (issue 5); not a test. Prints ONE JSON line.
+"""dim_layout_group loader benchmark; not a test. Prints ONE JSON line.
 
 For each ClickHouse path (the embedded engine in a fresh temporary folder, and the server):
 

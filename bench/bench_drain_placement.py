@@ -1,4 +1,4 @@
-"""Where a drain and its PostgreSQL backend run: two CPUs or one (issue 27).
+"""Where a drain and its PostgreSQL backend run: two CPUs or one.
 
 bench_recalc's 2-worker cells put four busy processes on this machine's 2 cores, so every drain
 shares a CPU with some backend, and the product and the plain baseline react to that in opposite

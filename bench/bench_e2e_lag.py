@@ -1,4 +1,4 @@
-"""End-to-end lag (issues 3, 19): a committed change → the project's aggregates updated → its
+"""End-to-end lag: a committed change → the project's aggregates updated → its
 event in Kafka → the dimension row, with `pin serve` (daemon, sensors, runs) running and the
 spec's 30 s debounce. Prints ONE JSON line.
 

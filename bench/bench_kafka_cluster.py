@@ -1,4 +1,4 @@
-"""Kafka as a production cluster (issue 16); not a test. Prints ONE JSON line, progress on stderr.
+"""Kafka as a production cluster; not a test. Prints ONE JSON line, progress on stderr.
 
 A private 3-node KRaft cluster (stack/kafka_cluster.py: RF 3, min.insync.replicas 2) and a
 private single broker (stack/kafka.py: RF 1) of this run, on --base-port (the cluster's 6 ports,
@@ -21,7 +21,7 @@ clickhouse-server of this run (bench_devstats.py's): the dimension's database is
    rate ratio rate(2) / rate(1) (no goal: on 2 cores one loader, the brokers and the server use
    both already), and the cost of scaling out, which does not depend on spare cores: the
    loaders' own CPU-seconds (their processes' CPU clocks, from the commit to the end) per loaded
-   event, 2 loaders / 1 loader, goal <= 1.15 (issue 27). --scale-rounds pairs (4), the order
+   event, 2 loaders / 1 loader, goal <= 1.15. --scale-rounds pairs (4), the order
    alternating (1 then 2, then 2 then 1): a phase's cost varies with its place in the run, its
    librdkafka threads' CPU from 0.11 to 0.37 s per 200,000 events whatever the loader count, so
    one pair decided the ratio by where it fell. The ratio is of the means; every phase is

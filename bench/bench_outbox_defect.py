@@ -1,5 +1,5 @@
 """What the outbox's `defect` column costs a writer: migration 0005's check against the current one
-(0017), in the same run (issue 27). Not a test; prints ONE JSON line.
+(0017), in the same run. Not a test; prints ONE JSON line.
 
 A fresh migrated database `pin_bench_outbox_defect` gets two tables shaped as outbox_events'
 written columns (topic, key, payload, and the stored generated `wire_value` and `defect`): one

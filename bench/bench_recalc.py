@@ -1,7 +1,7 @@
-"""Recalc benchmark (issues 3 and 27). Prints ONE JSON line (the last line), progress on stderr.
+"""Recalc benchmark. Prints ONE JSON line (the last line), progress on stderr.
 
 1. Recompute latency of one project by size (a drain tick of batch 1 after a real change).
-2. The drain against an independent baseline (issue 27), the headline: the plain per-project
+2. The drain against an independent baseline, the headline: the plain per-project
    implementation a team would write first (bench/sql/baseline_recalc.sql and `baseline_drain`
    below: per project ONE transaction that claims the queue row with SELECT ... FOR UPDATE SKIP
    LOCKED, calls ONE plpgsql function that recomputes and updates the four aggregate tables with
@@ -198,7 +198,7 @@ def pgbench_throughput(dsn: str, clients: int, projects: int, batch: int) -> flo
     return (projects - int(left[0])) * float(match.group(1)) / (calls * clients)
 
 
-# --- the drain against the independent baseline (issue 27) -----------------------------------
+# --- the drain against the independent baseline -----------------------------------
 
 #: The baseline's statements (bench/sql/baseline_recalc.sql has the function). Oldest due first, as
 #: the product; no attempt counted, no poison threshold, no retry interval: the plain version.
@@ -729,7 +729,7 @@ def main() -> None:
         for w in workloads
     }
 
-    # Scale-out by cost (issue 27): CPU-seconds per project, the drains' and their backends',
+    # Scale-out by cost: CPU-seconds per project, the drains' and their backends',
     # with 2 workers against 1; it does not depend on spare cores, as projects/s does.
     scale = {w: scale_out(comparison[w]) for w in workloads}
     result["scale_out_cpu_ratio"] = {w: ratio for w, (ratio, _) in scale.items()}

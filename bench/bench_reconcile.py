@@ -1,4 +1,4 @@
-"""Aggregate drift check at scale (issue 6); not a test. Prints ONE JSON line.
+"""Aggregate drift check at scale; not a test. Prints ONE JSON line.
 
 Builds its own database (default `pin_bench_reconcile` next to PIN_PG_DSN; dropped and created):
 10,000 projects × (2 buildings, 3 layout groups, 15 layouts, 100 property objects) = 1,000,000

@@ -1,4 +1,4 @@
-"""Outbox relay benchmark (issues 4 and 12); not a test. Prints ONE JSON line.
+"""Outbox relay benchmark; not a test. Prints ONE JSON line.
 
 1. Throughput: a backlog of N layout-group events is relayed by `relay_once` (exactly once: a
    Kafka transaction per batch, receipts, recovery at start); the same payloads are then sent from

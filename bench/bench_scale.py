@@ -1,4 +1,4 @@
-"""Scale benchmark and soak (issue 18); not a test. Prints ONE JSON line (progress on stderr).
+"""Scale benchmark and soak; not a test. Prints ONE JSON line (progress on stderr).
 
 Builds a skewed catalogue (default 100,000 projects / 10,000,000 property objects: a few projects
 of 50,000 objects, most of about 35) and a 1,000-project baseline with the same size classes, each

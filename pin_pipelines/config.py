@@ -32,9 +32,9 @@ DEFAULT_KAFKA_PARTITIONS = 6
 #: compaction may drop it for a newer one of the same key (a loader down for days replays them).
 DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS = 7 * 24 * 3600 * 1000
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
-#: How long one long-lived relay or load run runs before its successor takes over (issue 19): a
+#: How long one long-lived relay or load run runs before its successor takes over: a
 #: run's event log stays small. At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
-#: margin (defs/common.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
+#: margin (defs/handover.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
 #: once.
 DEFAULT_LONG_RUN_SECONDS = 300
 MIN_LONG_RUN_SECONDS = 60
@@ -46,7 +46,7 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
 _CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: A peer silent this long (no answer, no TCP acknowledgement, no keepalive answered) is dead: the
-#: one bound of every PostgreSQL connection, both ends (issue 24). Without it a blackholed peer
+#: one bound of every PostgreSQL connection, both ends. Without it a blackholed peer
 #: (a host that lost its network: no RST, no FIN) is waited for until the kernel's retransmission
 #: timeout, ~15 min, and the server keeps the dead client's session and its row locks as long. A
 #: live peer's kernel acknowledges within milliseconds whatever its process is doing, so a long

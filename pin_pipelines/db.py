@@ -1,17 +1,18 @@
 """Thin psycopg 3 access: connections with clear errors, and the named queries of `sql/`.
 
-One way to reach a named query: a module-level `Q = queries("<file>")` in each module that runs
-them, then `Q.name(conn, ...)` for counts and writes, or `fetch_one`/`fetch_all`/`fetch_column`
-when the rows are read, so a row is a small frozen dataclass read by column name, not a tuple.
+One way to reach a named query: a module-level `Q = queries("<file>", <Face>)` in each module
+that runs them (the file's typed face, pin_pipelines/sql_faces.py), then `Q.name(conn, ...)` for
+counts and writes, or `fetch_one`/`fetch_all`/`fetch_column` when the rows are read, so a row is a
+small frozen dataclass read by column name, not a tuple.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import aiosql
 import psycopg
@@ -26,6 +27,10 @@ from pin_pipelines.redact import redact_url
 QUERIES_DIR = SQL_DIR / "postgres" / "queries"
 
 Row = TypeVar("Row")
+Face = TypeVar("Face")
+Params = ParamSpec("Params")
+#: A named query as its face declares it: the connection, then its parameters.
+NamedQuery = Callable[Concatenate[psycopg.Connection, Params], object]
 
 
 def connect(
@@ -137,26 +142,55 @@ def connection(
         conn.close()
 
 
+def queries(name: str, face: Callable[..., Face]) -> Face:
+    """Named queries of `sql/postgres/queries/<name>.sql` (aiosql, psycopg driver) seen through
+    `face`, the file's Protocol in pin_pipelines/sql_faces.py (a Callable, not a `type[Face]`:
+    mypy takes no Protocol class for the latter). The one place the untyped aiosql object is
+    cast: tests/unit/test_named_queries.py holds each face to its file."""
+    return cast(Face, _loaded(name))
+
+
 @cache
-def queries(name: str) -> Any:
-    """Named queries of `sql/postgres/queries/<name>.sql` (aiosql, psycopg driver)."""
+def _loaded(name: str) -> Any:
     return aiosql.from_path(QUERIES_DIR / f"{name}.sql", "psycopg")
 
 
-def fetch_one(query: Any, conn: psycopg.Connection, row: type[Row], **params: Any) -> Row | None:
+def sql_of(query: NamedQuery[Params]) -> str:
+    """The SQL text of named query `query` (an attribute aiosql gives each one; faces declare
+    only the call)."""
+    text: str = query.sql  # type: ignore[attr-defined]
+    return text
+
+
+def fetch_one(
+    query: NamedQuery[Params],
+    conn: psycopg.Connection,
+    row: type[Row],
+    *_: Params.args,
+    **params: Params.kwargs,
+) -> Row | None:
     """The first row of named query `query` as a `row` (psycopg `class_row`: its fields are the
-    query's column names, so a reordered SELECT cannot shift values into the wrong field)."""
+    query's column names, so a reordered SELECT cannot shift values into the wrong field).
+    Parameters are keywords (the faces declare no positional one)."""
     with conn.cursor(row_factory=class_row(row)) as cursor:
-        return cursor.execute(query.sql, params).fetchone()
+        return cursor.execute(sql_of(query), params).fetchone()
 
 
-def fetch_all(query: Any, conn: psycopg.Connection, row: type[Row], **params: Any) -> list[Row]:
+def fetch_all(
+    query: NamedQuery[Params],
+    conn: psycopg.Connection,
+    row: type[Row],
+    *_: Params.args,
+    **params: Params.kwargs,
+) -> list[Row]:
     """Every row of named query `query`, each a `row` (see `fetch_one`)."""
     with conn.cursor(row_factory=class_row(row)) as cursor:
-        return cursor.execute(query.sql, params).fetchall()
+        return cursor.execute(sql_of(query), params).fetchall()
 
 
-def fetch_column(query: Any, conn: psycopg.Connection, **params: Any) -> list[Any]:
+def fetch_column(
+    query: NamedQuery[Params], conn: psycopg.Connection, *_: Params.args, **params: Params.kwargs
+) -> list[Any]:
     """The one column of every row of named query `query`."""
     with conn.cursor(row_factory=scalar_row) as cursor:
-        return cursor.execute(query.sql, params).fetchall()
+        return cursor.execute(sql_of(query), params).fetchall()

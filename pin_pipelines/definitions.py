@@ -18,6 +18,6 @@ defs = dg.Definitions.merge(
     housekeeping.defs,
     # Every step in the run's own process: a step in a process of its own costs a start-up
     # (seconds on two cores) and ~9 event-log rows (worker, resource and log-capture events),
-    # a third of a load run's rows (issue 15); the jobs' steps are short and sequential anyway.
+    # a third of a load run's rows; the jobs' steps are short and sequential anyway.
     dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),
 )

@@ -34,7 +34,7 @@ def configure_cli_logging(level: int = logging.INFO) -> None:
 def configure_run_logging(level: int = logging.INFO) -> None:
     """In a Dagster run: the JSON lines go to the run's stdout, which Dagster captures as its
     compute logs (shown in the UI), never to the event log: a line per project or message
-    would make the event log grow with the queue (issue 15)."""
+    would make the event log grow with the queue."""
     _log_to(sys.stdout, level)
 
 

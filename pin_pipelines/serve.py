@@ -18,7 +18,8 @@ import dagster as dg
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_dsn, with_dead_peer_bounds
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
 from pin_pipelines.db import connect
-from pin_pipelines.defs.common import IN_FLIGHT, STOPPING_MARKER
+from pin_pipelines.defs.sensors import IN_FLIGHT
+from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.errors import PinError
 from pin_pipelines.signals import stop_requested
 
@@ -108,8 +109,8 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
     stopping = stop_requested()
     _adopt_orphans()
     # A process group of their own: Ctrl-C in the terminal signals the foreground group, and it
-    # must reach `pin serve` alone, which stops the runs first and its children after (issue 24:
-    # run workers that got the signal themselves ended FAILURE, and a run still launching was
+    # must reach `pin serve` alone, which stops the runs first and its children after (run
+    # workers that got the signal themselves ended FAILURE, and a run still launching was
     # marked failed when its code server went down under it).
     children = {
         name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT, process_group=0)
@@ -148,7 +149,7 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
 def _adopt_orphans() -> None:
     """Make `pin serve` the subreaper of what it starts: a code server or run worker whose parent
     (the daemon, the webserver) died first stays its descendant, so `_stop_descendants` finds it
-    (issue 24: a code server once outlived a stop by minutes, parented to init)."""
+    (a code server once outlived a stop by minutes, parented to init)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print(

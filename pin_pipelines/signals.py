@@ -1,5 +1,5 @@
 """SIGTERM and SIGINT for pin's long-running commands: handled explicitly, whatever dispositions
-the process inherited (issue 12).
+the process inherited.
 
 An ignored signal stays ignored across fork and exec, and Python installs its KeyboardInterrupt
 handler only when SIGINT is not ignored at startup. So a parent that ignores SIGTERM or SIGINT (a

@@ -1,6 +1,6 @@
 """One shape for the long-lived workers (the recalc drain, the outbox relay, the dimension
 loader): a budget that says when to stop, a summary that merges run after run, and one
-batch-and-backoff loop (issue 28).
+batch-and-backoff loop.
 
 Each worker used to carry its own deadline arithmetic, interruptible sleep and accumulation; they
 differed in small ways (one slept through a stop, another woke within 50 ms), and the differences

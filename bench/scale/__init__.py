@@ -1,4 +1,4 @@
-"""The phases of bench/bench_scale.py (issue 18), one module each, run by that script in turn:
+"""The phases of bench/bench_scale.py, one module each, run by that script in turn:
 
 - catalogue: the catalogues' shape (projects per size class);
 - build: the bulk build of each catalogue and its consistency checks (seeding);

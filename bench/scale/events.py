@@ -19,7 +19,7 @@ from .catalogue import Shape
 from .databases import Q
 from .services import Private
 
-#: Issue 18's goal.
+#: The goal: the drift check of the whole catalogue within this many seconds, nothing drifted.
 RECONCILE_GOAL_SECONDS = 60.0
 
 

@@ -1,4 +1,4 @@
--- The independent baseline of bench/bench_recalc.py (issue 27): the plain per-project recalc a
+-- The independent baseline of bench/bench_recalc.py: the plain per-project recalc a
 -- team would write first, against which the drain's cost per project is measured. Created only
 -- in the baseline's own bench database (schema bench_baseline); the product never uses it.
 --

@@ -1,4 +1,4 @@
--- A skewed synthetic catalogue for bench/bench_scale.py (issue 18), built set-based in ONE
+-- A skewed synthetic catalogue for bench/bench_scale.py, built set-based in ONE
 -- transaction of one session. Parameters are :named (aiosql).
 --
 -- Why INSERT ... SELECT generate_series: on the 2-core machine it wrote 10,000,000 property

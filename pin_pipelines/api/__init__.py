@@ -1,4 +1,4 @@
-"""The dev-stats read API (issue 25, CONTRACT section 7): `pin api serve`.
+"""The dev-stats read API (CONTRACT section 7): `pin api serve`.
 
 An HTTP service over the dimension dim_layout_group for developers: labels of layout groups and a
 project's groups, for the developer a bearer token proves (spec 003, security).

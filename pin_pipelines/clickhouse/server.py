@@ -44,7 +44,7 @@ _TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 252, 279,
 CLUSTER_SETTINGS = {"insert_distributed_sync": 1, "load_balancing": "in_order"}
 
 #: A live server answers a long statement late; a silent one (a partition) is found by
-#: keepalive well before this receive timeout (issue 24).
+#: keepalive well before this receive timeout.
 SEND_RECEIVE_SECONDS = 60
 #: How long the native protocol's hello may take. A server answers it at once, so only a peer
 #: that is not the server the URL says waits it out (a TLS port that stays silent before a

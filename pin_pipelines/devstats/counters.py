@@ -3,13 +3,12 @@ the exporter (`pin_pipelines.metrics`) only reads them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from pin_pipelines.db import queries
+from pin_pipelines.sql_faces import DevstatsQueries
 
-Q: Any = queries("devstats")
+Q = queries("devstats", DevstatsQueries)
 
 
 def record_loader_batch(conn: psycopg.Connection, *, inserted: int, skipped_stale: int) -> None:

@@ -65,14 +65,14 @@ def kafka_consumer(bootstrap: str, group: str) -> Iterator[Consumer]:
             # A member learns of a rebalance (another loader joined, or left at its run's end)
             # from its next heartbeat: at the default 3 s the hand-over of the long-lived load
             # runs stalled the load leg 3-4 s while the successor waited for its heartbeat to
-            # rejoin (issue 24, tests/integration/test_handover.py: 1.1-2.6 s at 2 s). Not 1 s:
+            # rejoin (tests/integration/test_handover.py: 1.1-2.6 s at 2 s). Not 1 s:
             # then librdkafka no longer rejoined by itself within 30 s of a 30 s partition's
             # heal (test_partitions.py, defaults: 2 runs of 2; 5.5 s at 2 s and 3 s).
             "heartbeat.interval.ms": 2000,
             # A request unanswered this long fails and its connection is re-made (default 60 s):
             # across a partition (a blackholed broker, no RST) the loader's fetch, heartbeat and
             # FindCoordinator requests sat on dead connections for a minute after the heal,
-            # and the group went on without it meanwhile (issue 24).
+            # and the group went on without it meanwhile.
             "socket.timeout.ms": DEAD_PEER_SECONDS * 1000,
             "socket.keepalive.enable": True,
         }
@@ -95,7 +95,7 @@ class RenewableConsumer:
     librdkafka rejoins by itself once its requests fail over (socket.timeout.ms), but a consumer
     that lost its session across a partition has more than one way to stay out (a coordinator
     lookup on a connection that died, a close of its old generation that never ended): a new
-    client with new connections is the one step that always gets back in (issue 24)."""
+    client with new connections is the one step that always gets back in."""
 
     def __init__(self, bootstrap: str, group: str) -> None:
         self.bootstrap, self.group = bootstrap, group

@@ -1,4 +1,4 @@
-"""Housekeeping of the Dagster instance: retention of finished runs (issue 15)."""
+"""Housekeeping of the Dagster instance: retention of finished runs."""
 
 from pin_pipelines.housekeeping.retention import PruneSummary, RetentionPolicy, prune_runs
 

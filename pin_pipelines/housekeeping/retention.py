@@ -1,4 +1,4 @@
-"""Retention of finished Dagster runs: the instance's only unbounded growth (issue 15).
+"""Retention of finished Dagster runs: the instance's only unbounded growth.
 
 A 5-second sensor launches thousands of runs a day, and nothing in Dagster deletes runs, their
 event logs or their compute logs (`retention:` in dagster.yaml covers sensor and schedule ticks

@@ -1,4 +1,4 @@
-"""Prometheus metrics of pin-pipelines (issue 7), served by one exporter: `pin metrics serve`.
+"""Prometheus metrics of pin-pipelines, served by one exporter: `pin metrics serve`.
 
 Drains, relays and loaders are short-lived processes, so nothing here counts in memory: gauges
 are computed from PostgreSQL and Kafka state at scrape time, and counters are rows that the work

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from prometheus_client.core import (
@@ -27,8 +26,9 @@ from pin_pipelines.db import fetch_all, fetch_column, fetch_one, queries
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
 from pin_pipelines.recalc import ENTITIES, RESULT_LABELS
 from pin_pipelines.relay import relay_lag, topic_counters
+from pin_pipelines.sql_faces import MetricsQueries
 
-Q: Any = queries("metrics")
+Q = queries("metrics", MetricsQueries)
 
 #: Outbox topics served with 0 before their first event, so rate() has a baseline.
 OUTBOX_TOPICS = (TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP)

@@ -1,5 +1,5 @@
 """The Prometheus alert rules, rendered from their thresholds (spec 000: every threshold is a
-setting; issue 26).
+setting).
 
 `ops/prometheus/alerts.tmpl.yml` is the text; `ops/prometheus/alerts.yml` is its rendering at the
 defaults below (a unit test keeps the two equal), so Prometheus can load the shipped file as it

@@ -7,13 +7,12 @@ The exporter (`pin_pipelines.metrics`) only reads them, with the label values be
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from pin_pipelines.db import queries
+from pin_pipelines.sql_faces import RecalcQueries
 
-Q: Any = queries("recalc")
+Q = queries("recalc", RecalcQueries)
 
 #: The drain's outcomes as `chessboard_recalc_runs_total{result}` values, as
 #: recalc_project_step and recalc_tick write them (migrations 0014, 0018); "error" is the spec's

@@ -24,12 +24,13 @@ from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.logs import log_event
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.recalc.counters import ENTITIES, record_tick
+from pin_pipelines.sql_faces import RecalcQueries
 from pin_pipelines.tracing import child_traceparents, record_child_span, tracer
 from pin_pipelines.worker import Budget, never, run_until_spent
 
 log = logging.getLogger("pin_pipelines.recalc")
 
-Q: Any = queries("recalc")
+Q = queries("recalc", RecalcQueries)
 
 Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "interrupted"]
 
@@ -220,7 +221,7 @@ def tick_on(
         poisoning = _settle_abandoned_claims(conn, summary.correlation_id, poison_at)
         summary.due_at_start = int(Q.count_due_requests(conn))
         # A tick with nothing due logs at DEBUG: a run waiting for rows about to fall due ticks
-        # every second, and those lines were most of its compute log (issue 15).
+        # every second, and those lines were most of its compute log.
         quiet = logging.DEBUG if summary.due_at_start == 0 else logging.INFO
         log_event(
             log,

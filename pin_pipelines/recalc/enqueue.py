@@ -1,21 +1,21 @@
-"""The enqueue side: explicit raisers, the runbook's force-recalc and poison requeue.
+"""The operators' side of the enqueue: the runbook's force-recalc and poison requeue.
 
-Row-level raisers need none of this: triggers on property_objects, layouts and buildings call
+The raisers need none of this: triggers on property_objects, layouts and buildings call
 `chessboard.request_project_recalc` in the writer's own transaction (migration 0001).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from pin_pipelines.db import connection, queries
 from pin_pipelines.errors import PinError
+from pin_pipelines.sql_faces import RecalcQueries
 
-Q: Any = queries("recalc")
+Q = queries("recalc", RecalcQueries)
 
 
 class RecalcReason(StrEnum):
@@ -29,13 +29,6 @@ class RecalcReason(StrEnum):
     CRUD = "Crud"
     MANUAL = "Manual"
     RECONCILE = "Reconcile"
-
-
-def request_recalc(
-    conn: psycopg.Connection, project_id: UUID, tenant_id: UUID, reason: RecalcReason
-) -> None:
-    """Debounced request in the caller's transaction (the spec's raiser contract)."""
-    Q.request_project_recalc(conn, project_id=project_id, tenant_id=tenant_id, reason=str(reason))
 
 
 def force_request(conn: psycopg.Connection, project_id: UUID, reason: RecalcReason) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from pin_pipelines.db import connection, fetch_all, queries
+from pin_pipelines.sql_faces import RecalcQueries
 
-Q: Any = queries("recalc")
+Q = queries("recalc", RecalcQueries)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pin_pipelines.db import connection, fetch_column, queries
 from pin_pipelines.errors import PinError
+from pin_pipelines.sql_faces import SampleQueries
 
-Q: Any = queries("sample")
+Q = queries("sample", SampleQueries)
 
 
 def load_sample(dsn: str, *, projects: int = 20) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Drift reconciliation (issue 6): denormalized aggregates against their source rows, and the
+"""Drift reconciliation: denormalized aggregates against their source rows, and the
 dev-stats dimension against chessboard.layout_groups; repair goes through the normal pipeline
 (recalc queue, outbox → Kafka → loader), never by writing the derived values directly.
 

@@ -15,10 +15,11 @@ import psycopg
 from pin_pipelines.db import connection, fetch_all, fetch_one, queries
 from pin_pipelines.recalc import RecalcReason, force_request
 from pin_pipelines.reconcile.model import DriftRow
+from pin_pipelines.sql_faces import ReconcileQueries
 
 ENTITIES = ("project", "building", "layout", "layout_group")
 
-Q: Any = queries("reconcile")
+Q = queries("reconcile", ReconcileQueries)
 
 
 @dataclass(frozen=True)

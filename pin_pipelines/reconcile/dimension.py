@@ -22,6 +22,7 @@ from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.db import connection, fetch_all, fetch_column, queries
 from pin_pipelines.devstats.loading import DIM_QUERIES
 from pin_pipelines.reconcile.model import DriftRow
+from pin_pipelines.sql_faces import ReconcileQueries
 
 ENTITY = "dim_layout_group"
 #: Compared columns, in the order of `Snapshot`: the spec's dimension columns and the version.
@@ -32,7 +33,7 @@ KINDS = ("missing", "unexpected", "stale_version", "ahead_version", "different")
 
 Snapshot = tuple[UUID, UUID, str, int, bool, int]
 
-Q: Any = queries("reconcile")
+Q = queries("reconcile", ReconcileQueries)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class VersionsBehind:
     stale: list[UUID]
     #: Groups without a row. Not necessarily late: a new group is published once its project
     #: is drained (after the debounce), and a group that had no layouts before migration 0008
-    #: only when its project is next drained (issue 13; a repair publishes it at once).
+    #: only when its project is next drained (a repair publishes it at once).
     missing: list[UUID]
     #: Of both, the groups whose version was written longer ago than the grace: events that
     #: should have been visible by now.

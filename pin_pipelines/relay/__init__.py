@@ -1,5 +1,5 @@
-"""Transactional outbox relay: PostgreSQL `chessboard.outbox_events` → Kafka (issue 4), exactly
-once through Kafka transactions and their receipts (issue 12).
+"""Transactional outbox relay: PostgreSQL `chessboard.outbox_events` → Kafka, exactly
+once through Kafka transactions and their receipts.
 
 Core is plain Python + SQL (sql/postgres/queries/outbox.sql); Dagster and the CLI only call in.
 """

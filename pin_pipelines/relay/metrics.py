@@ -18,8 +18,9 @@ from pin_pipelines.db import fetch_all, fetch_one, queries
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import admin
 from pin_pipelines.kafka_properties import failure
+from pin_pipelines.sql_faces import OutboxQueries
 
-Q: Any = queries("outbox")
+Q = queries("outbox", OutboxQueries)
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,18 @@ class _TopicStats:
 
 
 @dataclass(frozen=True)
-class _Backlog:
-    """Events waiting in the outbox and the age of the oldest one (backlog)."""
+class Backlog:
+    """Events waiting in the outbox and the age of the oldest one, in seconds (0 when empty)."""
 
     pending: int
     lag_seconds: float
+
+
+def backlog(conn: psycopg.Connection) -> Backlog:
+    """The outbox's backlog now (the relay's summary, the exporter, the Dagster sensor)."""
+    found = fetch_one(Q.backlog, conn, Backlog)
+    assert found is not None  # an aggregate without GROUP BY: always one row
+    return found
 
 
 def topic_counters(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
@@ -55,9 +63,8 @@ def topic_counters(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
 
 def relay_lag(conn: psycopg.Connection) -> dict[str, float | int]:
     """`pending` events and `lag_seconds`: age of the oldest one (0 when the outbox is empty)."""
-    backlog = fetch_one(Q.backlog, conn, _Backlog)
-    assert backlog is not None  # an aggregate without GROUP BY: always one row
-    return {"pending": backlog.pending, "lag_seconds": backlog.lag_seconds}
+    now = backlog(conn)
+    return {"pending": now.pending, "lag_seconds": now.lag_seconds}
 
 
 def topic_end_offsets(

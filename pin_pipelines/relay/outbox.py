@@ -30,17 +30,28 @@ from typing import Any
 import psycopg
 
 from pin_pipelines.config import Settings
-from pin_pipelines.db import UNMIGRATED, connect, queries, unmigrated
+from pin_pipelines.db import (
+    UNMIGRATED,
+    connect,
+    fetch_all,
+    fetch_column,
+    fetch_one,
+    queries,
+    sql_of,
+    unmigrated,
+)
 from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, ensure_topics
 from pin_pipelines.logs import log_event
 from pin_pipelines.relay import receipts
+from pin_pipelines.relay.metrics import backlog
 from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
 from pin_pipelines.relay.summary import RelaySummary
+from pin_pipelines.sql_faces import OutboxQueries
 from pin_pipelines.tracing import tracer
 from pin_pipelines.worker import Budget, Retry, never, run_until_spent
 
-Q: Any = queries("outbox")
+Q = queries("outbox", OutboxQueries)
 
 #: Rows per round trip of the claim cursor; a batch (one transaction) is up to `batch_size` rows.
 FETCH_SIZE = 2000
@@ -109,7 +120,8 @@ class OutboxRelay:
             horizon = Q.outbox_horizon(conn)
             if horizon is not None:
                 self._relay_up_to(conn, horizon, summary, should_stop)
-            summary.pending, summary.lag_seconds = Q.backlog(conn)
+            now = backlog(conn)
+            summary.pending, summary.lag_seconds = now.pending, now.lag_seconds
         except UNMIGRATED as exc:
             raise unmigrated(self.settings.pg_dsn, exc) from exc
         except psycopg.errors.LockNotAvailable as exc:
@@ -194,7 +206,7 @@ class OutboxRelay:
         if self._sender is None:
             Q.lock_relay(conn)
             try:
-                topics = tuple(topic for (topic,) in Q.relay_topics(conn))
+                topics = tuple(fetch_column(Q.relay_topics, conn))
                 ensure_topics(
                     self.settings.kafka_bootstrap,
                     (*topics, TOPIC_RELAY_COMMITS),
@@ -231,8 +243,12 @@ class OutboxRelay:
         """Right after init_transactions: delete the rows of a transaction that committed in
         Kafka while its PostgreSQL transaction did not (the relay died between the two)."""
         transactional_id = self.settings.relay_transactional_id
-        outbox_id, last_seq = Q.relay_commit_state(conn, transactional_id=transactional_id)
-        self._receipt_key = f"{transactional_id}/{outbox_id}"
+        state = fetch_one(
+            Q.relay_commit_state, conn, _CommitState, transactional_id=transactional_id
+        )
+        assert state is not None  # the row is made when missing
+        last_seq = state.last_seq
+        self._receipt_key = f"{transactional_id}/{state.outbox_id}"
         receipt = receipts.last_receipt(
             self.settings.kafka_bootstrap, self._receipt_key, self.delivery_timeout
         )
@@ -259,7 +275,9 @@ class OutboxRelay:
             "uptos": _nullable_bigint_array([r.created_upto_ms for r in behind for _ in r.firsts]),
         }
         with conn.transaction():
-            published = dict(Q.count_runs(conn, **runs))
+            published = {
+                r.topic: r.events for r in fetch_all(Q.count_runs, conn, _TopicRun, **runs)
+            }
             Q.delete_recovered(conn, **runs)
             self._count(conn, published, {})
             self._record_commit(conn, receipt.seq)
@@ -307,9 +325,9 @@ class OutboxRelay:
         with span as current, conn.transaction():
             sender.begin()
             batch = self._stream(conn, horizon, sender)
-            firsts, lasts = _id_runs([row[0] for row in batch.sent])
+            firsts, lasts = _id_runs(batch.sent_ids())
             if batch.sent:
-                upto = max(row[5] for row in batch.sent)
+                upto = max(batch.sent_timestamps_ms())
                 receipt = receipts.encode(seq, firsts, lasts, upto)
                 sender.send(
                     TOPIC_RELAY_COMMITS, self._receipt_key, receipt, receipts.RECEIPT_PARTITION
@@ -319,7 +337,7 @@ class OutboxRelay:
                 error = self._abort(sender, batch, failures)
             elif batch.sent:
                 Q.delete_published(conn, firsts=_bigint_array(firsts), lasts=_bigint_array(lasts))
-                published = Counter(row[1] for row in batch.sent)
+                published = Counter(batch.sent_topics())
             dead = self._dead_letter(conn, batch.dead)
             self._count(conn, published, dead)
             if not failures:
@@ -330,7 +348,9 @@ class OutboxRelay:
         summary.add_batch(published, dead)
         if published:
             committed_ms = time.time() * 1000
-            summary.add_delivery_lags([(committed_ms - row[5]) / 1000 for row in batch.sent])
+            summary.add_delivery_lags(
+                [(committed_ms - ms) / 1000 for ms in batch.sent_timestamps_ms()]
+            )
         log_event(
             log,
             "relay_batch",
@@ -369,7 +389,7 @@ class OutboxRelay:
         # the bytes Kafka sends, with no decoding to str and encoding back. This loop runs once
         # per event, so it does as little as it can (the row tuple itself is kept for later).
         with conn.cursor(name="outbox_claim") as cursor:
-            cursor.execute(Q.claim_events.sql, params, binary=True)
+            cursor.execute(sql_of(Q.claim_events), params, binary=True)
             for rows in _fetched_ahead(cursor):
                 batch.claimed += len(rows)
                 for row in rows:
@@ -394,7 +414,7 @@ class OutboxRelay:
             aborted = exc
         refused = {f.value: f.error.str() for f in failures if f.permanent}
         dead_values = set()
-        for event_id, topic, _, value, *_ in batch.sent:
+        for event_id, topic, _, value, _, _, _ in batch.sent:
             if value in refused:
                 batch.dead.append((event_id, topic, f"Kafka refused the event: {refused[value]}"))
                 dead_values.add(value)
@@ -449,18 +469,48 @@ class OutboxRelay:
             )
 
 
+@dataclass(frozen=True)
+class _CommitState:
+    """This outbox's receipt identity and the seq of its last recorded transaction."""
+
+    outbox_id: str
+    last_seq: int
+
+
+@dataclass(frozen=True)
+class _TopicRun:
+    """Events of a receipt's id runs still in the outbox, for one topic (count_runs)."""
+
+    topic: str
+    events: int
+
+
+#: A claimed event as claim_events returns it: id, topic, message_key, value, error (None for a
+#: sent one), timestamp_ms, traceparent.
+_SentRow = tuple[int, str, str, bytes, None, int, str | None]
+
+
 @dataclass
 class _Batch:
     """One batch's claimed events: the rows sent, in produce order, and the dead.
 
-    Sent rows are the cursor's own tuples (id, topic, key, value, error, timestamp in ms,
-    traceparent): keeping them costs no allocation per event, where building a tuple per event
-    showed in the profile.
+    Sent rows are the cursor's own tuples (_SentRow), not rows of a class (class_row): keeping
+    them costs no allocation per event, where building an object per event showed in the
+    profile. The accessors below are the only readers of their columns, by name.
     """
 
     claimed: int = 0
-    sent: list[tuple[int, str, str, bytes, None, int, str | None]] = field(default_factory=list)
+    sent: list[_SentRow] = field(default_factory=list)
     dead: list[tuple[int, str, str]] = field(default_factory=list)  # id, topic, error
+
+    def sent_ids(self) -> list[int]:
+        return [event_id for event_id, _, _, _, _, _, _ in self.sent]
+
+    def sent_topics(self) -> list[str]:
+        return [topic for _, topic, _, _, _, _, _ in self.sent]
+
+    def sent_timestamps_ms(self) -> list[int]:
+        return [timestamp_ms for _, _, _, _, _, timestamp_ms, _ in self.sent]
 
 
 def _id_runs(ids: list[int]) -> tuple[list[int], list[int]]:

@@ -1,6 +1,6 @@
 """The relay's Kafka side: a transactional producer that reports failed deliveries only.
 
-Every batch is one Kafka transaction (issue 12): `begin`, `send` its events and its receipt,
+Every batch is one Kafka transaction: `begin`, `send` its events and its receipt,
 `wait` for the failures, then `commit` or `abort`. A read_committed consumer sees a batch whole
 or not at all, so a batch sent again after a failure never shows twice, and per key the Version
 never goes down. The `transactional.id` is stable: the producer's `init_transactions` fences any
@@ -74,7 +74,7 @@ def producer_config(bootstrap: str, delivery_timeout: float) -> dict[str, Any]:
         "message.timeout.ms": int(delivery_timeout * 1000),
         # The Java client's partitioner (murmur2 of the key; librdkafka's default is CRC32): a
         # key lands on the partition Java producers (Debezium, Kafka Streams) pick for it, so
-        # the topics can be shared with them and joined co-partitioned (issue 19).
+        # the topics can be shared with them and joined co-partitioned.
         "partitioner": "murmur2_random",
     }
 

@@ -31,7 +31,6 @@ from dagster._core.events import DagsterEvent, DagsterEventType
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
-from pin_pipelines.defs.common import HANDOVER_SECONDS, STOPPING_MARKER
 from pin_pipelines.defs.devstats import assets as devstats_assets
 from pin_pipelines.defs.devstats import jobs as devstats_jobs
 from pin_pipelines.defs.devstats import sensors as devstats_sensors
@@ -39,7 +38,9 @@ from pin_pipelines.defs.devstats.assets import dim_layout_group
 from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
 from pin_pipelines.defs.devstats.sensors import dim_layout_group_sensor
+from pin_pipelines.defs.handover import HANDOVER_SECONDS
 from pin_pipelines.defs.resources import RESOURCES
+from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.devstats import freshness, loader, offsets
 from pin_pipelines.devstats.dim import groups, labels
 from pin_pipelines.devstats.loader import LoadOptions

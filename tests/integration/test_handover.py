@@ -3,7 +3,7 @@
 its budget and its successor takes over.
 
 The successor is launched the measured launch latency's p99 plus slack before the run in flight
-ends (defs/common.py, `handover_seconds`); a launch under load takes seconds (the run queue, the
+ends (defs/handover.py, `handover_seconds`); a launch under load takes seconds (the run queue, the
 run worker's process start and imports), and a hand-over that launched too late shows as a leg
 whose lag jumps by that much."""
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
-from pin_pipelines.defs.common import HANDOVER_SECONDS
+from pin_pipelines.defs.handover import HANDOVER_SECONDS
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
 from pin_pipelines.defs.relay.sensors import outbox_relay_sensor

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from dagster_shared.error import SerializableErrorInfo
 
-from pin_pipelines.defs.common import STOPPING_MARKER
+from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.integration.test_kafka_cluster import shares

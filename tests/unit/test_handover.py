@@ -10,7 +10,7 @@ import dagster as dg
 from dagster._core.events import DagsterEvent, DagsterEventType
 
 from pin_pipelines.config import MIN_LONG_RUN_SECONDS
-from pin_pipelines.defs.common import (
+from pin_pipelines.defs.handover import (
     HANDOVER_SECONDS,
     HANDOVER_SLACK_SECONDS,
     MAX_HANDOVER_SECONDS,

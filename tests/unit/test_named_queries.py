@@ -1,20 +1,25 @@
 """Every named query the product calls exists, with exactly the parameters it is called with.
-The modules reach their SQL as `Q: Any = queries("<file>")`, so a typo in a query's
-name, or a parameter renamed in the `.sql` file and not in the caller, would only fail when that
-line runs; here both sides are read statically: the callers from their syntax tree, the queries
-from aiosql's parse of `sql/postgres/queries/<file>.sql`. Also: no query of a product file is
-left without a caller (dead SQL).
+The modules reach their SQL as `Q = queries("<file>", <Face>)`: mypy checks every call against
+the face (pin_pipelines/sql_faces.py), and here each face is held to its file (its methods are
+exactly the file's named queries, each with exactly the file's `:params` as keyword parameters
+after the connection), so a typo in a query's name, or a parameter renamed in the `.sql` file
+and not in the caller, fails before that line runs. The callers are also read from their syntax
+tree and checked against aiosql's parse of `sql/postgres/queries/<file>.sql` directly. Also: no
+query of a product file is left without a caller (dead SQL).
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pin_pipelines import sql_faces
 from pin_pipelines.db import QUERIES_DIR, queries
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pin_pipelines"
@@ -28,13 +33,14 @@ class Use:
     """`Q.<name>` at `where`; `params` the keywords passed, None when a `**mapping` hides them."""
 
     file: str
+    face: str
     name: str
     params: frozenset[str] | None
     where: str
 
 
-def _query_file(tree: ast.Module) -> str | None:
-    """The file of `Q = queries("<file>")` (annotated or not) in this module, if any."""
+def _query_file(tree: ast.Module) -> tuple[str, str] | None:
+    """The file and the face's name of `Q = queries("<file>", <Face>)` in this module, if any."""
     for node in tree.body:
         value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -44,9 +50,10 @@ def _query_file(tree: ast.Module) -> str | None:
             and value.func.id == "queries"
             and any(isinstance(t, ast.Name) and t.id == "Q" for t in targets)
         ):
-            arg = value.args[0]
+            arg, face = value.args
             assert isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-            return arg.value
+            assert isinstance(face, ast.Name), "a face of pin_pipelines/sql_faces.py, by name"
+            return arg.value, face.id
     return None
 
 
@@ -59,9 +66,10 @@ def _keywords(call: ast.Call) -> frozenset[str] | None:
 def uses() -> Iterator[Use]:
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
-        file = _query_file(tree)
-        if file is None:
+        found = _query_file(tree)
+        if found is None:
             continue
+        file, face = found
         calls = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
         fetches = {
             id(n.args[0]): n
@@ -80,10 +88,26 @@ def uses() -> Iterator[Use]:
                 continue
             where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
             call = calls.get(id(node)) or fetches.get(id(node))
-            yield Use(file, node.attr, _keywords(call) if call else None, where)
+            yield Use(file, face, node.attr, _keywords(call) if call else None, where)
 
 
 ALL_USES = list(uses())
+
+
+def named(file: str) -> Any:
+    """The file's named queries as aiosql parsed them (its face only changes their static type)."""
+    return queries(file, object)
+
+
+def query_names(file: str) -> set[str]:
+    """The named queries of the file (aiosql adds a `<name>_cursor` twin of each SELECT: not a
+    query of the file)."""
+    available = named(file).available_queries
+    return {
+        n
+        for n in available
+        if not (n.endswith("_cursor") and n.removesuffix("_cursor") in available)
+    }
 
 
 def test_the_callers_are_found() -> None:
@@ -99,10 +123,10 @@ def test_the_callers_are_found() -> None:
 
 @pytest.mark.parametrize("use", ALL_USES, ids=lambda u: f"{u.file}.{u.name}@{u.where}")
 def test_a_called_query_exists_with_the_parameters_passed(use: Use) -> None:
-    named = queries(use.file)
-    assert hasattr(named, use.name), f"{use.where}: no query {use.name} in {use.file}.sql"
+    file_queries = named(use.file)
+    assert hasattr(file_queries, use.name), f"{use.where}: no query {use.name} in {use.file}.sql"
     if use.params is not None:
-        declared = frozenset(getattr(named, use.name).parameters or ())
+        declared = frozenset(getattr(file_queries, use.name).parameters or ())
         assert use.params == declared, (
             f"{use.where}: {use.file}.{use.name} is called with {sorted(use.params)},"
             f" declares {sorted(declared)}"
@@ -112,12 +136,49 @@ def test_a_called_query_exists_with_the_parameters_passed(use: Use) -> None:
 def test_no_product_query_is_left_without_a_caller() -> None:
     used = {(u.file, u.name) for u in ALL_USES}
     for file in {u.file for u in ALL_USES}:
-        named = queries(file)
-        # aiosql adds a `<name>_cursor` twin of each SELECT: not a query of the file
-        names = [
-            n
-            for n in named.available_queries
-            if not (n.endswith("_cursor") and n.removesuffix("_cursor") in named.available_queries)
-        ]
-        unused = sorted(n for n in names if (file, n) not in used)
+        unused = sorted(n for n in query_names(file) if (file, n) not in used)
         assert not unused, f"{file}.sql: queries nothing calls: {unused}"
+
+
+def faces() -> dict[str, str]:
+    """Each product SQL file → the one face its modules see it through."""
+    found: dict[str, set[str]] = {}
+    for use in ALL_USES:
+        found.setdefault(use.file, set()).add(use.face)
+    assert all(len(f) == 1 for f in found.values()), f"a file with several faces: {found}"
+    return {file: face for file, (face,) in found.items()}
+
+
+FACES = faces()
+
+
+@pytest.mark.parametrize("file", sorted(FACES))
+def test_a_face_lists_exactly_its_files_queries_and_their_parameters(file: str) -> None:
+    """The face's methods against the file: the same names, and per query the connection
+    then exactly the file's `:params`, keyword-only (as every caller passes them)."""
+    face = getattr(sql_faces, FACES[file])
+    methods = {n for n, v in vars(face).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert methods == query_names(file), (
+        f"{FACES[file]} lists {sorted(methods - query_names(file))} that {file}.sql lacks and"
+        f" lacks {sorted(query_names(file) - methods)}"
+    )
+    for name in sorted(methods):
+        params = list(inspect.signature(getattr(face, name)).parameters.values())
+        assert [p.name for p in params[:2]] == ["self", "conn"], f"{FACES[file]}.{name}"
+        keywords = params[2:]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in keywords), (
+            f"{FACES[file]}.{name}: parameters after conn are keyword-only"
+        )
+        declared = frozenset(getattr(named(file), name).parameters or ())
+        assert {p.name for p in keywords} == declared, (
+            f"{FACES[file]}.{name} takes {sorted(p.name for p in keywords)},"
+            f" {file}.sql declares {sorted(declared)}"
+        )
+
+
+def test_every_face_is_used() -> None:
+    """No face of pin_pipelines/sql_faces.py outlives its file's callers."""
+    declared = {
+        n for n, v in vars(sql_faces).items() if inspect.isclass(v) and n.endswith("Queries")
+    }
+    assert declared == set(FACES.values())

@@ -1,4 +1,4 @@
-"""`pin serve`'s clean stop is a marker in DAGSTER_HOME (defs/common.py): while it exists every
+"""`pin serve`'s clean stop is a marker in DAGSTER_HOME (defs/stopping.py): while it exists every
 sensor and every schedule of the code location launches nothing. Checked on the definitions
 themselves, with no service running: the sensors see the marker before they read anything."""
 
@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from pin_pipelines.definitions import defs
-from pin_pipelines.defs.common import STOPPING_MARKER, STOPPING_REASON
+from pin_pipelines.defs.stopping import STOPPING_MARKER, STOPPING_REASON
 
 
 @pytest.fixture

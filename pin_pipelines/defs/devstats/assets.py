@@ -2,7 +2,7 @@
 
 A run loads for `budget_seconds` (polls of 0.1 s, batches of ≤ 1000 events or 0.25 s), so an
 event is in the dimension within about a second of reaching Kafka instead of a sensor tick and a
-run launch later (issue 19). The sensor launches the successor shortly before the budget ends:
+run launch later. The sensor launches the successor shortly before the budget ends:
 it joins the loader's consumer group, and the eager rebalance commits the batch in hand before
 any partition moves (no loss; no reordering, thanks to the version guard). On the embedded
 engine the run owns the chdb folder and answers the readers' statements (and its successor's,
@@ -19,9 +19,9 @@ from typing import Any
 import dagster as dg
 
 from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS
-from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.stopping import stopped_by_signal
 from pin_pipelines.devstats.loading import LoadOptions, LoadSummary, load_continuously
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 

@@ -4,9 +4,11 @@ visibility), seen from the topic and from the source rows."""
 import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
-from pin_pipelines.defs.common import CLICKHOUSE_POOL, check_schedule, id_list
 from pin_pipelines.defs.devstats.assets import dim_layout_group
+from pin_pipelines.defs.metadata import id_list
+from pin_pipelines.defs.pools import CLICKHOUSE_POOL
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.schedules import check_schedule
 from pin_pipelines.devstats.loading import FRESHNESS_SLA_SECONDS, unloaded_events
 from pin_pipelines.reconcile import versions_behind
 
@@ -76,7 +78,7 @@ def dim_layout_group_versions_current(pin: PinSettings) -> dg.AssetCheckResult:
             "rows_behind": len(found.stale),
             "rows_behind_past_sla": len(late),
             "behind_past_sla_ids": id_list(late),
-            # A group is published once it exists (issue 13), so one without a row past the SLA
+            # A group is published once it exists, so one without a row past the SLA
             # is as late as a stale row; dim_layout_group_drift's repair publishes it.
             "groups_missing": len(found.missing),
             "groups_missing_past_sla": len(missing_late),

@@ -4,9 +4,9 @@ from uuid import UUID
 
 import dagster as dg
 
-from pin_pipelines.defs.common import CLICKHOUSE_POOL
 from pin_pipelines.defs.devstats.assets import dim_layout_group, load_metadata
 from pin_pipelines.defs.devstats.checks import dim_layout_group_fresh
+from pin_pipelines.defs.pools import CLICKHOUSE_POOL
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.devstats.loading import IdRange, backfill
 from pin_pipelines.errors import PinError

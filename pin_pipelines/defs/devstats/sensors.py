@@ -3,8 +3,8 @@ be there when events come), its successor shortly before its budget ends (the ha
 assets.py), and on a ClickHouse server extra loads for a backlog."""
 
 from pin_pipelines.config import Settings
-from pin_pipelines.defs.common import Backlog, long_run_sensor
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
+from pin_pipelines.defs.sensors import Backlog, long_run_sensor
 from pin_pipelines.devstats.loading import unloaded_events
 
 #: Unloaded events above which another load joins the running one(s): about ten batches.

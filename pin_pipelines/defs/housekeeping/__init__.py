@@ -1,4 +1,4 @@
-"""Housekeeping of the Dagster instance itself (issue 15)."""
+"""Housekeeping of the Dagster instance itself."""
 
 import dagster as dg
 

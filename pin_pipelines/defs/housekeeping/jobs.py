@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.schedules import running_schedule
 from pin_pipelines.housekeeping import RetentionPolicy, prune_runs
 
 

@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from pin_pipelines.defs.common import check_schedule
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+from pin_pipelines.defs.schedules import check_schedule
 from pin_pipelines.recalc import poisoned_requests
 
 

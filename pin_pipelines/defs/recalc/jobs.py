@@ -4,8 +4,8 @@ from uuid import UUID
 
 import dagster as dg
 
-from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
+from pin_pipelines.defs.stopping import stopped_by_signal
 from pin_pipelines.recalc import (
     RecalcReason,
     drain_until_idle,

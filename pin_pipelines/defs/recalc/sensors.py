@@ -5,8 +5,8 @@ import os
 import dagster as dg
 
 from pin_pipelines.config import Settings, recalc_tick_seconds
-from pin_pipelines.defs.common import Decision, ending_soon, in_flight_records, worker_sensor
 from pin_pipelines.defs.recalc.jobs import DrainConfig, recalc_drain_job
+from pin_pipelines.defs.sensors import Decision, ending_soon, in_flight_records, worker_sensor
 from pin_pipelines.recalc import seconds_until_next_due
 
 #: A row due within this many seconds is worth a launch now. Sensor ticks land 5–10 s apart and a

@@ -1,9 +1,10 @@
-"""Issue 6 in Dagster: the drift assets with their checks, an on-demand job and an hourly run."""
+"""Drift reconciliation in Dagster: the drift assets with their checks, an on-demand job and an
+hourly run."""
 
 import dagster as dg
 
-from pin_pipelines.defs.common import running_schedule
 from pin_pipelines.defs.reconcile.assets import aggregates_drift, dim_layout_group_drift
+from pin_pipelines.defs.schedules import running_schedule
 
 reconcile_job = dg.define_asset_job(
     "reconcile_job",

@@ -8,8 +8,9 @@ asset shows the check's verdict on the asset page and in the run.
 import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
-from pin_pipelines.defs.common import CLICKHOUSE_POOL, id_list
 from pin_pipelines.defs.devstats.assets import dim_layout_group
+from pin_pipelines.defs.metadata import id_list
+from pin_pipelines.defs.pools import CLICKHOUSE_POOL
 from pin_pipelines.defs.reconcile.metadata import counts_table, repair_metadata, worst_rows_table
 from pin_pipelines.defs.resources import CHESSBOARD_AGGREGATES, PinSettings
 from pin_pipelines.reconcile import Repair, repair_aggregates, repair_dim

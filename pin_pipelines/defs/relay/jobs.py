@@ -2,7 +2,7 @@
 
 A run relays for `budget_seconds`, polling an empty outbox every `poll_seconds`, so an event
 reaches Kafka within a fraction of a second of its commit instead of a sensor tick and a run
-launch later (issue 19). The sensor launches the successor shortly before the run's budget ends;
+launch later. The sensor launches the successor shortly before the run's budget ends;
 the successor waits for the relay lock (one publisher at a time, PostgreSQL advisory lock) and
 takes over when the run lets go of it: no gap beyond a producer's start, and no overlap that
 could reorder a key (the lock, and the transactional.id that fences a predecessor). A stop
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import dagster as dg
 
 from pin_pipelines.config import DEFAULT_LONG_RUN_SECONDS, Settings
-from pin_pipelines.defs.common import stopped_by_signal
 from pin_pipelines.defs.relay.assets import TOPIC_ASSETS
 from pin_pipelines.defs.resources import PinSettings
+from pin_pipelines.defs.stopping import stopped_by_signal
 from pin_pipelines.errors import PinError
 from pin_pipelines.relay import OutboxRelay, RelaySummary, topic_end_offsets
 from pin_pipelines.worker import Budget

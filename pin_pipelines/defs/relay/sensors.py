@@ -3,8 +3,8 @@ before the run in flight spends its budget (the hand-over, see jobs.py)."""
 
 from pin_pipelines.config import Settings
 from pin_pipelines.db import connection
-from pin_pipelines.defs.common import Backlog, long_run_sensor
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
+from pin_pipelines.defs.sensors import Backlog, long_run_sensor
 from pin_pipelines.relay import relay_lag
 
 

@@ -96,11 +96,6 @@ SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interv
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.attempt_count < s.poison_attempts;
 
--- name: request_project_recalc(project_id, tenant_id, reason)!
--- An explicit raiser, in the caller's transaction: the same debounced upsert the triggers call
--- (migration 0001).
-SELECT chessboard.request_project_recalc(:project_id, :tenant_id, :reason);
-
 -- name: project_exists(project_id)$
 -- The runbook's force-recalc refuses an unknown project (force_request would insert nothing).
 SELECT true FROM chessboard.projects WHERE id = :project_id;
