@@ -415,3 +415,22 @@ def test_a_failed_relay_run_is_rerun_from_the_ui(
     assert db.execute(waiting).fetchone() == pending
     _rerun_from_failure(dagster, failed, "outbox_relay_job")
     assert db.execute(waiting).fetchone() == (0,)
+
+
+def test_a_failed_load_run_is_rerun_from_the_ui(dagster: Dagster, tmp_path: Path) -> None:
+    """The same for the dimension's load: the embedded ClickHouse folder replaced by a file (a
+    volume lost), the dim_layout_group_job run launched through the webserver fails; the folder
+    back, the failed run re-executed through GraphQL succeeds as the failed one's child.
+    Broken on purpose (the folder left a file): the re-execution failed too."""
+    folder = tmp_path / "chdb"
+    moved = tmp_path / "chdb_moved"
+    folder.rename(moved)
+    folder.write_text("not a ClickHouse folder\n")
+    try:
+        failed = _failed_run(
+            dagster, "dim_layout_group_job", "dim_layout_group", {"budget_seconds": 2.0}
+        )
+    finally:
+        folder.unlink()
+        moved.rename(folder)
+    _rerun_from_failure(dagster, failed, "dim_layout_group_job")
