@@ -28,6 +28,7 @@ import pytest
 
 from pin_pipelines.config import Settings, dsn_with_dbname
 from pin_pipelines.kafka import ALL_TOPICS, CHANGELOG_TOPICS, TOPIC_LAYOUT_GROUP
+from pin_pipelines.migrate import MIGRATION_LOCK_TIMEOUT_MS, PG_MIGRATIONS, migrate_postgres
 from pin_pipelines.relay import topic_end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.postgres import LocalPostgres
@@ -133,7 +134,7 @@ class Edits(threading.Thread):
                 "UPDATE chessboard.property_objects SET price = price + 1 WHERE id = %s",
                 (self.objects[i % len(self.objects)],),
             )
-        if kind == 1:
+        if kind == 1 or not self.layouts:
             return (
                 "UPDATE chessboard.property_objects"
                 " SET status = CASE status WHEN 'Free' THEN 'Hidden' ELSE 'Free' END WHERE id = %s",
@@ -378,3 +379,51 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
     assert last, "no layout-group event written"
     written = [Written(key, version, event, i) for _, key, version, event, i in captured]
     check(written, reads).assert_clean()
+
+
+#: A migration that needs ACCESS EXCLUSIVE on the busiest table (an instant ADD COLUMN, but it
+#: must wait for every transaction that touched the table).
+LOCKING_MIGRATION = "ALTER TABLE chessboard.property_objects ADD COLUMN test_note text;\n"
+
+
+def test_a_migration_behind_a_long_transaction_never_holds_writers_up(
+    postgres: str, tmp_path: Path
+) -> None:
+    """Tried: on a migrated database of its own, a reader's transaction that has read
+    chessboard.property_objects stays open for 3 s while `migrate_postgres` applies a migration
+    adding a column to that table and a writer updates an object every 50 ms. Before, the
+    ALTER waited for the reader's whole transaction and every write queued behind it (3 s).
+    Now each attempt gives up after MIGRATION_LOCK_TIMEOUT_MS and is tried again: no write
+    waits a second, the migration is applied once the reader has ended, in one migrate."""
+    dsn = dsn_with_dbname(postgres, "pin_lock_wait")
+    with psycopg.connect(dsn_with_dbname(postgres, "postgres"), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE pin_lock_wait")
+    migrate_postgres(dsn)
+    folder = tmp_path / "migrations"
+    shutil.copytree(PG_MIGRATIONS, folder)
+    newest = newest_migration().stem
+    (folder / "9999_test_note.sql").write_text(f"-- depends: {newest}\n{LOCKING_MIGRATION}")
+    with psycopg.connect(dsn, autocommit=True) as db:
+        project = make_project(db)
+        objects = [make_object(db, project, make_building(db, project), None)]
+    edits = Edits(dsn, objects, [])
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM chessboard.property_objects")  # holds ACCESS SHARE
+        edits.start()
+        applied: list[str] = []
+        migrating = threading.Thread(
+            target=lambda: applied.extend(migrate_postgres(dsn, folder)), daemon=True
+        )
+        migrating.start()
+        try:
+            time.sleep(3)  # the long transaction (not an assertion)
+        finally:
+            reader.rollback()
+        migrating.join(timeout=60)
+    edits.stop.set()
+    edits.join(timeout=30)
+    assert applied == ["9999_test_note"]
+    assert edits.errors == []
+    slowest = max(seconds for _, seconds in edits.latencies)
+    assert slowest < WRITER_BOUND, f"a write waited {slowest:.2f}s behind the migration"
+    assert slowest * 1000 < MIGRATION_LOCK_TIMEOUT_MS + 300, slowest
