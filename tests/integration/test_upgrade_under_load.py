@@ -46,7 +46,7 @@ from tests.support.chessboard import (
 from tests.support.history import Written, check, dimension_versions, read_committed
 from tests.support.recalc import PIN, REPO_ROOT, set_settings
 from tests.support.release import Release, install_release, newest_migration, previous_release
-from tests.support.serve import kill_session, serve_env, start_serve
+from tests.support.serve import kill_session, serve_env, session_processes, start_serve
 from tests.support.truth import drift
 
 #: The contract's bound on a writer's wait behind a migration.
@@ -295,6 +295,9 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
             what="the previous release's drain, relay and load at work",
             logfile=old_log,
         )
+        # Every process of the old `pin serve` (daemon, webserver, code server, run workers)
+        # runs the previous release's interpreter, so its package.
+        assert [p for p in session_processes(old.pid) if str(Path(PIN).parent) in p] == []
         edits.phase = "migrate"
         began = time.monotonic()
         upgraded = subprocess.run(

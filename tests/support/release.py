@@ -44,9 +44,12 @@ class Release:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    """git's answer; its error as the failure (a shallow clone has no previous release)."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr.strip()} (a full clone?)"
+    return done.stdout.strip()
 
 
 def newest_migration() -> Path:
