@@ -9,6 +9,7 @@ Nothing touches the shared services.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import signal
@@ -108,6 +109,8 @@ class Edits(threading.Thread):
         super().__init__(name="edits", daemon=True)
         self.dsn, self.objects, self.layouts = dsn, objects, layouts
         self.phase = "old release"
+        #: When each phase began (time.monotonic()), for the test's report.
+        self.began: dict[str, float] = {self.phase: time.monotonic()}
         self.latencies: list[tuple[str, float]] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -144,6 +147,10 @@ class Edits(threading.Thread):
             "UPDATE chessboard.layouts SET total_area = total_area + 0.5 WHERE id = %s",
             (self.layouts[i % len(self.layouts)],),
         )
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.began[phase] = time.monotonic()
 
     def count(self) -> int:
         return len(self.latencies)
@@ -298,13 +305,13 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
         # Every process of the old `pin serve` (daemon, webserver, code server, run workers)
         # runs the previous release's interpreter, so its package.
         assert [p for p in session_processes(old.pid) if str(Path(PIN).parent) in p] == []
-        edits.phase = "migrate"
+        edits.enter("migrate")
         began = time.monotonic()
         upgraded = subprocess.run(
             [PIN, "db", "migrate"], cwd=REPO_ROOT, env=new_env, capture_output=True, text=True
         )
         migrate_seconds = time.monotonic() - began
-        edits.phase = "old release, migrated"
+        edits.enter("old release, migrated")
         assert upgraded.returncode == 0, upgraded.stderr[-3000:]
         summary = json.loads(upgraded.stdout.strip().splitlines()[-1])
         assert summary["postgres_applied"] == [newest_migration().stem], summary
@@ -317,7 +324,7 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
             what="the previous release's workers at work on the migrated schema",
             logfile=old_log,
         )
-        edits.phase = "replacing"
+        edits.enter("replacing")
         _stop(old, old_log)
         replaced_at, mark = time.time(), _last_written(db)
         new = start_serve(new_env, new_log)
@@ -327,9 +334,10 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
             what="this release's drain, relay and load at work",
             logfile=new_log,
         )
-        edits.phase = "new release"
+        edits.enter("new release")
         more = edits.count() + 40
         wait_until(lambda: edits.count() >= more, timeout=30, what="edits under this release")
+        edits.enter("stopped")
         edits.stop.set()
         edits.join(timeout=60)
         wait_until(
@@ -370,9 +378,11 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
     worst: dict[str, float] = {}
     for phase, seconds in edits.latencies:
         worst[phase] = max(seconds, worst.get(phase, 0.0))
+    order = sorted(edits.began.items(), key=lambda item: item[1])
+    lasted = {p: round(b - a, 1) for (p, a), (_, b) in itertools.pairwise(order)}
     print(
         f"migrate took {migrate_seconds:.1f}s; {len(edits.latencies)} edits, the slowest per "
-        f"phase {json.dumps({p: round(s, 3) for p, s in worst.items()})}"
+        f"phase {json.dumps({p: round(s, 3) for p, s in worst.items()})}; phases (s) {lasted}"
     )
     assert edits.errors == []
     assert "migrate" in worst, "no edit committed while the migration ran"
