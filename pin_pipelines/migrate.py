@@ -3,8 +3,14 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
 import psycopg
 from yoyo import get_backend, read_migrations
+from yoyo.backends.base import DatabaseBackend
+from yoyo.migrations import MigrationList
 
 from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn, with_driver
 from pin_pipelines.db import connect
@@ -22,18 +28,29 @@ PG_GRANTS = SQL_DIR / "postgres" / "grants.sql"
 DAGSTER_GRANTS = SQL_DIR / "postgres" / "dagster_grants.sql"
 
 
-def migrate_postgres(dsn: str) -> list[str]:
+#: How long a migration's statement waits for a lock before it gives up (CONTRACT section 9: no
+#: writer waits a second on a migrate). A DDL statement waiting for a table's lock holds up
+#: every writer queued behind it for as long as it waits: behind a long transaction, for ever.
+MIGRATION_LOCK_TIMEOUT_MS = 500
+#: A migration that gave up waiting is tried again this many times, this far apart (writers
+#: go on meanwhile); then `pin db migrate` fails in one line, nothing of it applied.
+MIGRATION_ATTEMPTS = 30
+MIGRATION_RETRY_SECONDS = 1.0
+
+
+def migrate_postgres(dsn: str, migrations_dir: Path = PG_MIGRATIONS) -> list[str]:
     """Apply pending migrations, then grants.sql, under yoyo's lock (two concurrent `migrate`s do
     not race). A role that may not change the schema (a worker's) is told, in one line, to run
-    it as the schema's owner."""
+    it as the schema's owner. Every migration runs with a short lock_timeout and is retried
+    when it gives up waiting (`_apply_waiting_for_locks`)."""
     with connect(dsn) as conn:  # a clear error when the server is not there, before yoyo's own
         user = conn.info.user
-    backend = get_backend(with_driver(dsn, "postgresql+psycopg"))
-    migrations = read_migrations(str(PG_MIGRATIONS))
+    backend = get_backend(_with_lock_timeout(with_driver(dsn, "postgresql+psycopg")))
+    migrations = read_migrations(str(migrations_dir))
     try:
         with backend.lock():
-            pending = backend.to_apply(migrations)
-            backend.apply_migrations(pending)
+            pending = [m.id for m in backend.to_apply(migrations)]
+            _apply_waiting_for_locks(backend, migrations, dsn)
             with connect(dsn) as conn:
                 conn.execute(PG_GRANTS.read_text())
     except (psycopg.errors.InsufficientPrivilege, psycopg.errors.RaiseException) as exc:
@@ -42,7 +59,38 @@ def migrate_postgres(dsn: str) -> list[str]:
             f"({first_line(exc)}); run `pin db migrate` as the schema's owner (with CREATEROLE "
             'for the group roles, docs/production.md "PostgreSQL")'
         ) from exc
-    return [m.id for m in pending]
+    return pending
+
+
+def _with_lock_timeout(url: str) -> str:
+    """`url` with lock_timeout in its libpq `options`: yoyo opens a connection per migration
+    from the URL, so a session's SET would not reach them."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query["options"] = " ".join(
+        filter(None, (query.get("options"), f"-c lock_timeout={MIGRATION_LOCK_TIMEOUT_MS}"))
+    )
+    return urlunsplit(parts._replace(query=urlencode(query, safe=",")))
+
+
+def _apply_waiting_for_locks(backend: DatabaseBackend, migrations: MigrationList, dsn: str) -> None:
+    """The pending migrations, each in its transaction. One that gave up waiting for a lock
+    (a running transaction holds the table) is rolled back and tried again after
+    MIGRATION_RETRY_SECONDS, so writers wait at most MIGRATION_LOCK_TIMEOUT_MS behind it,
+    never for the holder's whole transaction."""
+    for attempt in range(1, MIGRATION_ATTEMPTS + 1):
+        try:
+            backend.apply_migrations(backend.to_apply(migrations))
+            return
+        except psycopg.errors.LockNotAvailable as exc:
+            if attempt == MIGRATION_ATTEMPTS:
+                raise PinError(
+                    f"PostgreSQL at {redact_url(dsn)}: a migration waited for a lock "
+                    f"{MIGRATION_ATTEMPTS} times ({first_line(exc)}); a long transaction holds a "
+                    "table it changes: find it in pg_stat_activity, end it, run `pin db migrate` "
+                    "again"
+                ) from exc
+            time.sleep(MIGRATION_RETRY_SECONDS)
 
 
 def apply_schema_files(dsn: str) -> None:

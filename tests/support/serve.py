@@ -42,12 +42,15 @@ def serve_env(
     }
 
 
-def start_serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`pin serve` with its stderr in `log`, the leader of a new session: `kill_session` then
-    finds it and everything it started."""
+def start_serve(
+    env: dict[str, str], log: Path, *, pin: str = PIN, cwd: Path = REPO_ROOT
+) -> subprocess.Popen[bytes]:
+    """`pin serve` (this release's, or another release's `pin` in its own tree `cwd`) with its
+    stderr in `log`, the leader of a new session: `kill_session` then finds it and everything
+    it started."""
     return subprocess.Popen(
-        [PIN, "serve"],
-        cwd=REPO_ROOT,
+        [pin, "serve"],
+        cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
