@@ -38,7 +38,7 @@ from tests.support.chessboard import make_building, make_layout, make_layout_gro
 from tests.support.chessboard import make_project as make_project_row
 from tests.support.cli import assert_one_line_error, run_pin, summary
 from tests.support.recalc import PIN, REPO_ROOT
-from tests.support.serve import kill_session
+from tests.support.serve import kill_session, start_serve
 from tests.support.truth import drift
 
 WORKER, READER = "pin_w_login", "pin_r_login"
@@ -295,14 +295,7 @@ def test_pin_serve_as_the_worker_launches_a_drain_run_that_succeeds(
     }
     storage = env["PIN_DAGSTER_PG_URL"]
     log = tmp_path / "serve.log"
-    serve = subprocess.Popen(
-        [PIN, "serve"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-        start_new_session=True,
-    )
+    serve = start_serve(env, log)
     try:
         wait_until(lambda: (home / "dagster.yaml").exists(), timeout=30, what="dagster.yaml")
         with psycopg.connect(estate.worker_dsn, autocommit=True) as conn:

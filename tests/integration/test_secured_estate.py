@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -41,8 +40,7 @@ from tests.support.chessboard import make_building, make_layout, make_layout_gro
 from tests.support.chessboard import make_project as make_project_row
 from tests.support.cli import run_pin, summary
 from tests.support.idp import IdentityProvider, api_env
-from tests.support.recalc import PIN, REPO_ROOT
-from tests.support.serve import kill_session
+from tests.support.serve import kill_session, start_serve
 
 WORKER, READER = "pin_w_login", "pin_r_login"
 
@@ -169,14 +167,7 @@ def test_pin_serve_carries_an_edit_to_the_dimension_as_the_worker(
         tenant, _, group = _catalogue(conn)
         conn.execute("UPDATE chessboard.project_recalc_requests SET due_at = now()")
     log = tmp_path / "serve.log"
-    serve = subprocess.Popen(
-        [PIN, "serve"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-        start_new_session=True,
-    )
+    serve = start_serve(env, log)
     try:
 
         def named(name: str) -> bool:
