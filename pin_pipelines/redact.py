@@ -22,6 +22,12 @@ _SECRET_PARAM = re.compile(
 
 
 def redact_url(text: str) -> str:
-    """`text` (a URL, a libpq key=value DSN, or a message holding either) without secrets."""
-    text = _USERINFO_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
-    return _SECRET_PARAM.sub(lambda m: m.group("head") + MASK, text)
+    """`text` (a URL, a libpq key=value DSN, or a message holding either) without secrets.
+
+    Every log line passes here (a drain's line per project too): a line that can hold neither
+    form is returned after two substring tests, since the patterns cost ~50 us a line."""
+    if "://" in text and "@" in text:
+        text = _USERINFO_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    if "password" in text.lower():
+        text = _SECRET_PARAM.sub(lambda m: m.group("head") + MASK, text)
+    return text
