@@ -70,9 +70,16 @@ def produce_events(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> 
 
 def open_transaction(bootstrap: str, topic: str, event: dict[str, Any]) -> Producer:
     """`event` produced in a Kafka transaction left open: a read_committed reader (the loader)
-    stops short of it in its partition until the returned producer ends the transaction."""
+    stops short of it in its partition until the returned producer ends the transaction. Open
+    for up to 15 minutes (the broker's default transaction.max.timeout.ms): at librdkafka's
+    default of 60 s the coordinator aborted it itself under a slow CI run, fencing the producer,
+    whose own abort then failed the test."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex}"}
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"test-open-{uuid.uuid4().hex}",
+            "transaction.timeout.ms": 900_000,
+        }
     )
     producer.init_transactions(15)
     producer.begin_transaction()
