@@ -21,13 +21,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.recalc import PIN, REPO_ROOT
-from tests.support.serve import kill_session, serve_env, start_serve
+from tests.support.serve import kill_session, serve_env, start_serve, submit_run
 
 #: The jobs of the check schedules the CI run saw fail, submitted as their schedules submit them.
 CHECK_JOBS = ("recalc_poison_check_job", "dim_layout_group_versions_check_job")
@@ -44,15 +44,6 @@ STOP_SECONDS = 40.0
 #: How an operator's tools stop it: SIGTERM to its process group (`kill -TERM -<pgid>`, Ctrl-C's
 #: shape), and Kubernetes' SIGTERM to its pid alone.
 VARIANTS = {"kill-group": "group", "kubernetes": "pid"}
-
-
-def _submit(client: DagsterGraphQLClient, job: str) -> bool:
-    """Submit a run of `job` through the webserver (its code location may still be loading)."""
-    try:
-        client.submit_job_execution(job)
-    except DagsterGraphQLClientError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -90,7 +81,9 @@ def test_a_stop_around_launches_leaves_no_failed_run(
         serve = start_serve(env, log)
         try:
             for job in CHECK_JOBS:
-                wait_until(lambda job=job: _submit(client, job), timeout=120, what=f"a {job} run")
+                wait_until(
+                    lambda job=job: submit_run(client, job), timeout=120, what=f"a {job} run"
+                )
             # The stop's moment, at random around the launches (not a wait for a condition).
             time.sleep(rng.uniform(0, LAUNCH_WINDOW_SECONDS))
             if VARIANTS[variant] == "group":
@@ -99,7 +92,7 @@ def test_a_stop_around_launches_leaves_no_failed_run(
                 serve.send_signal(signal.SIGTERM)
             # A tick evaluated just before the stop submits its run just after it.
             time.sleep(rng.uniform(0, TICK_IN_FLIGHT_SECONDS))
-            _submit(client, CHECK_JOBS[0])  # refused once the webserver is stopping: no run
+            submit_run(client, CHECK_JOBS[0])  # refused once the webserver is stopping: no run
             serve.wait(timeout=STOP_SECONDS)
             exits.append((serve.returncode, log.read_text()[-2000:]))
         finally:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.stack.process import free_port, pid_alive, port_open, start_detached
@@ -43,7 +44,7 @@ from tests.support.recalc import (
     sleeping_backends,
     slow_recalc,
 )
-from tests.support.serve import kill_session, session_pids, session_processes
+from tests.support.serve import kill_session, session_pids, session_processes, submit_run
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL_IDS = [s.name for s in STOP_SIGNALS]
@@ -62,6 +63,17 @@ def ignores(pid: int) -> list[str]:
     assert found, status
     mask = int(found[1], 16)
     return [s.name for s in STOP_SIGNALS if mask >> (s - 1) & 1]
+
+
+def resource_trackers(sid: int) -> list[int]:
+    """Pids of the session's multiprocessing resource trackers: the standard library's
+    `resource_tracker.main` sets SIGINT and SIGTERM to SIG_IGN itself, so that it outlives the
+    processes whose semaphores it cleans up; it exits when the last of them closes its pipe."""
+    return [
+        int(line.split(":", 1)[0])
+        for line in session_processes(sid)
+        if "from multiprocessing.resource_tracker import main" in line
+    ]
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -196,18 +208,29 @@ def test_pin_serve_and_pin_dev_stop_with_their_dagster_processes_even_when_start
     serve_env: dict[str, str], ignoring_pin: Callable[..., Started], command: str
 ) -> None:
     """Tried: `pin serve` (and `pin dev`, which runs `dagster dev` the same way) started with
-    SIGTERM and SIGINT ignored, the webserver answering; then SIGTERM. `pin` installs its
-    handlers before it starts the Dagster processes, so no inherited SIG_IGN survives: none of
-    them ignores either signal; `pin` exits 0 and nothing it started (run workers, a code server
-    its parent left behind) outlives it by more than a moment."""
+    SIGTERM and SIGINT ignored, the webserver answering, a run launched; then SIGTERM. `pin`
+    installs its handlers before it starts the Dagster processes, so no inherited SIG_IGN
+    survives: no process ignores either signal but Python's multiprocessing resource tracker,
+    which the code server starts with its first run (Dagster runs each run in a `spawn`
+    process) and which ignores both by design: it ends when the code server does. A CI run saw
+    it as one process of `pin dev` ignoring both, when a schedule's run happened to start
+    inside this test. `pin` exits 0 and nothing it started (run workers, the tracker, a code
+    server its parent left behind) outlives it by more than a moment."""
     pin = ignoring_pin(command, env=serve_env)
     url = f"http://127.0.0.1:{serve_env['PIN_DAGSTER_PORT']}/server_info"
     wait_for(lambda: not pin.alive() or answers_http(url), 180, "the webserver")
     assert pin.alive(), pin.stderr
+    client = DagsterGraphQLClient("127.0.0.1", port_number=int(serve_env["PIN_DAGSTER_PORT"]))
+    wait_for(lambda: submit_run(client, "recalc_poison_check_job"), 120, "a run submitted")
+    wait_for(lambda: resource_trackers(pin.process.pid) != [], 120, "the run's resource tracker")
     processes = session_pids(pin.process.pid)
-    # pin, the webserver, the daemon, their code servers (and dagster dev)
-    assert len(processes) >= 3, session_processes(pin.process.pid)
-    assert {pid: ignores(pid) for pid in processes} == {pid: [] for pid in processes}
+    # pin, the webserver, the daemon, their code servers (and dagster dev), the run's processes
+    assert len(processes) >= 4, session_processes(pin.process.pid)
+    # The tracker ignores both once its main() has run (not yet, in its first moments); it ends
+    # with the code server, which the session's end below checks.
+    trackers = resource_trackers(pin.process.pid)
+    others = [pid for pid in processes if pid not in trackers]
+    assert {pid: ignores(pid) for pid in others} == {pid: [] for pid in others}
 
     pin.stop(signal.SIGTERM, timeout=60)
     assert pin.process.returncode == 0, pin.stderr

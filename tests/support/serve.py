@@ -9,6 +9,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+
 from pin_pipelines.config import dagster_pg_url_from
 from pin_pipelines.stack.process import free_port
 from tests.support.pg import dbname
@@ -85,3 +87,13 @@ def kill_session(sid: int) -> None:
     for pid in session_pids(sid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def submit_run(client: DagsterGraphQLClient, job: str) -> bool:
+    """Submit a run of `job` through the webserver, as a schedule's tick submits one; False
+    while its code location is still loading (or once the webserver is stopping)."""
+    try:
+        client.submit_job_execution(job)
+    except DagsterGraphQLClientError:
+        return False
+    return True
