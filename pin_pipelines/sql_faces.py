@@ -12,7 +12,7 @@ name): its face's return type is what calling it directly would give, there for 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -73,6 +73,10 @@ class OutboxQueries(Protocol):
 
     def delete_recovered(self, conn: Connection, *, firsts: str, lasts: str, uptos: str) -> int: ...
 
+    def record_events_beyond_source(
+        self, conn: Connection, *, transactional_id: str, events: int
+    ) -> int: ...
+
     def count_relayed(
         self,
         conn: Connection,
@@ -85,6 +89,8 @@ class OutboxQueries(Protocol):
     def topic_stats(self, conn: Connection) -> Rows: ...
 
     def backlog(self, conn: Connection) -> tuple[Any, ...] | None: ...
+
+    def events_beyond_source(self, conn: Connection) -> int: ...
 
     def relay_topics(self, conn: Connection) -> Rows: ...
 
@@ -149,6 +155,10 @@ class ReconcileQueries(Protocol):
     def republish_layout_groups(
         self, conn: Connection, *, group_ids: list[UUID], floor_versions: list[int]
     ) -> int: ...
+
+    def clear_events_beyond_source(self, conn: Connection, *, before: datetime) -> int: ...
+
+    def clock(self, conn: Connection) -> datetime: ...
 
 
 class SampleQueries(Protocol):

@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 from pin_pipelines.db import fetch_all, fetch_column, fetch_one, queries
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
 from pin_pipelines.recalc import ENTITIES, RESULT_LABELS
-from pin_pipelines.relay import relay_lag, topic_counters
+from pin_pipelines.relay import events_beyond_source, relay_lag, topic_counters
 from pin_pipelines.sql_faces import MetricsQueries
 
 Q = queries("metrics", MetricsQueries)
@@ -88,6 +88,7 @@ class PostgresState:
     outbox_lag_seconds: float = 0.0
     #: topic → (published, dead_lettered)
     outbox_topics: dict[str, tuple[float, float]] = field(default_factory=dict)
+    events_beyond_source: int = 0
 
 
 def read_state(conn: psycopg.Connection) -> PostgresState:
@@ -118,6 +119,7 @@ def read_state(conn: psycopg.Connection) -> PostgresState:
             topic: (float(c["published"]), float(c["dead_lettered"]))
             for topic, c in topic_counters(conn).items()
         },
+        events_beyond_source=events_beyond_source(conn),
     )
 
 
@@ -180,6 +182,13 @@ GAUGES = (
         "chessboard_outbox_lag_seconds",
         "Age of the oldest unpublished outbox event (0 when the outbox is empty).",
         "outbox_lag_seconds",
+    ),
+    (
+        "chessboard_outbox_events_beyond_source",
+        "Events Kafka holds whose PostgreSQL transactions were lost (a failover to a lagging"
+        " standby, a restore from a backup), found by the relay's recovery, since the last"
+        " `pin reconcile --repair`: Versions the source will issue again with other content.",
+        "events_beyond_source",
     ),
 )
 

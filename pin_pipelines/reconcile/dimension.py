@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -69,6 +70,9 @@ class DimDrift:
     republish: dict[UUID, int] = field(default_factory=dict)
     #: project_id of each group to re-publish (the repair locks per project).
     projects: dict[UUID, UUID] = field(default_factory=dict)
+    #: The database's clock before the dimension was read: what the relay recorded as beyond
+    #: the source before it is in what was read (None: not read from the services).
+    read_at: datetime | None = None
 
     @property
     def drifted(self) -> int:
@@ -131,6 +135,7 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
     """The dimension is read after PostgreSQL: an event relayed and loaded in between shows as
     `ahead_version` for one run at worst, never as a missing row."""
     with connection(pg_dsn) as conn:
+        read_at = Q.clock(conn)
         source = {
             g.id: g.snapshot for g in fetch_all(Q.layout_group_sources, conn, _LayoutGroupSource)
         }
@@ -147,7 +152,9 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
             DIM_QUERIES["current_rows"]
         )
     }
-    return compare(source, dim)
+    drift = compare(source, dim)
+    drift.read_at = read_at
+    return drift
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,10 @@ def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> Versio
 
 def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
     """Repair: one transaction per project (project row lock first, as the drain takes it), each
-    group's version bumped and its event written to the outbox. Returns the events written."""
+    group's version bumped and its event written to the outbox. Returns the events written.
+
+    Then the events the relay found beyond the source (a failover) are cleared: every group
+    whose dimension row held such a Version was drifted and is now re-published above it."""
     by_project: dict[UUID, list[UUID]] = defaultdict(list)
     for group_id in drift.republish:
         by_project[drift.projects[group_id]].append(group_id)
@@ -214,4 +224,6 @@ def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
                         floor_versions=[drift.republish[g] for g in groups],
                     )
                 )
+        if drift.read_at is not None:
+            Q.clear_events_beyond_source(conn, before=drift.read_at)
     return written

@@ -67,6 +67,12 @@ def relay_lag(conn: psycopg.Connection) -> dict[str, float | int]:
     return {"pending": now.pending, "lag_seconds": now.lag_seconds}
 
 
+def events_beyond_source(conn: psycopg.Connection) -> int:
+    """Events the relay's recovery found in Kafka whose rows this database never had (their
+    transactions were lost), since the last repair cleared them."""
+    return int(Q.events_beyond_source(conn))
+
+
 def topic_end_offsets(
     bootstrap: str, topics: list[str], timeout: float = 10.0
 ) -> dict[str, dict[int, int]]:

@@ -274,24 +274,33 @@ class OutboxRelay:
             "lasts": _bigint_array([last for r in behind for last in r.lasts]),
             "uptos": _nullable_bigint_array([r.created_upto_ms for r in behind for _ in r.firsts]),
         }
+        receipted = sum(r.events for r in behind)
         with conn.transaction():
             published = {
                 r.topic: r.events for r in fetch_all(Q.count_runs, conn, _TopicRun, **runs)
             }
             Q.delete_recovered(conn, **runs)
             self._count(conn, published, {})
+            # Receipted events whose rows this database never had: their transactions were
+            # lost (a failover to a lagging standby), their Versions are in Kafka only.
+            beyond_source = receipted - sum(published.values())
+            if beyond_source:
+                Q.record_events_beyond_source(
+                    conn, transactional_id=transactional_id, events=beyond_source
+                )
             self._record_commit(conn, receipt.seq)
         self._seq = receipt.seq
         summary.recovered += sum(published.values())
         log_event(
             log,
             "relay_recovered",
-            level=logging.WARNING,
+            level=logging.ERROR if beyond_source else logging.WARNING,
             seq=receipt.seq,
             # Above 1: PostgreSQL is behind Kafka by whole transactions (failed over to a
             # standby that lagged, restored from a backup): the rows of each are deleted.
             transactions_behind=receipt.seq - last_seq,
             deleted=sum(published.values()),
+            events_beyond_source=beyond_source,
         )
 
     def _receipts_behind(self, last_seq: int, last: receipts.Receipt) -> list[receipts.Receipt]:

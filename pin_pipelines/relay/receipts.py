@@ -42,6 +42,11 @@ class Receipt:
     #: before it was recorded. A row created later, under an id of the runs, is another row.
     created_upto_ms: int | None = None
 
+    @property
+    def events(self) -> int:
+        """Events the transaction published: every id of each run was sent (_id_runs)."""
+        return sum(last - first + 1 for first, last in zip(self.firsts, self.lasts, strict=True))
+
 
 def encode(seq: int, firsts: list[int], lasts: list[int], created_upto_ms: int) -> bytes:
     """The receipt of transaction `seq`: the runs of consecutive ids it published, and the

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -30,6 +31,8 @@ from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, ensure_t
 from pin_pipelines.metrics.rules import render_rules, thresholds_with
 from pin_pipelines.recalc.drain import seconds_until_next_due
 from pin_pipelines.recalc.enqueue import requeue_poisoned
+from pin_pipelines.reconcile.dimension import DimDrift, republish_layout_groups
+from pin_pipelines.relay import events_beyond_source
 from pin_pipelines.relay.outbox import relay_once
 from pin_pipelines.stack.process import free_port
 from tests.support.alerting import (
@@ -313,6 +316,39 @@ def test_an_exporter_that_cannot_read_postgresql_pages_and_recovers(
         query(paging.prometheus_port, 'pin_metrics_source_up{source="postgres"}')[0]["value"][1]
         == "1"
     )
+
+
+def test_events_kafka_holds_beyond_postgresql_page_until_the_repair(
+    paging: Paging, db: psycopg.Connection, settings: Settings
+) -> None:
+    """A project's events relayed, then PostgreSQL loses that relay transaction and its rows,
+    as a failover to a standby that lagged loses them (its recorded seq taken back;
+    test_pg_failover does it with a real standby): the relay's next run recovers, finds the
+    receipt's events in Kafka only, and CHESSBOARD_KAFKA_AHEAD_OF_SOURCE pages with their
+    number. A repair (here one that found nothing to re-publish) clears it, and it resolves."""
+    make_project(db)
+    make_all_due(db)
+    assert drain_due(settings.pg_dsn, db).results
+    assert relay_once(settings).published > 0
+    lost = db.execute(
+        "UPDATE chessboard.outbox_relay_commits SET last_seq = last_seq - 1"
+        " WHERE transactional_id = %s RETURNING last_seq",
+        (settings.relay_transactional_id,),
+    ).fetchall()
+    assert lost and lost[0][0] >= 0
+    caused = time.time()
+    relay_once(settings)
+    beyond = events_beyond_source(db)
+    assert beyond > 0
+    notice = arrives(
+        paging, "CHESSBOARD_KAFKA_AHEAD_OF_SOURCE", after=caused, within=1, receiver="/page"
+    )
+    assert notice.annotations["summary"].startswith(f"Kafka holds {beyond} event(s)")
+
+    repaired = time.time()
+    assert republish_layout_groups(settings.pg_dsn, DimDrift(0, read_at=datetime.now(UTC))) == 0
+    assert events_beyond_source(db) == 0
+    resolves(paging, "CHESSBOARD_KAFKA_AHEAD_OF_SOURCE", after=repaired, within=1)
 
 
 def test_a_slow_recalc_pages_its_p99_over_the_slo(

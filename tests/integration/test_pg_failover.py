@@ -41,7 +41,7 @@ from pin_pipelines.kafka import (
 from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import Repair, reconcile
-from pin_pipelines.relay import OutboxRelay, relay_once, topic_end_offsets
+from pin_pipelines.relay import OutboxRelay, events_beyond_source, relay_once, topic_end_offsets
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import (
     make_building,
@@ -385,7 +385,9 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
     receipted row again (it reads every receipt above the seq PostgreSQL recorded, not only
     the last) and must publish the new rows (a receipt covers only rows created up to its
     batch's newest); `pin reconcile` reports the groups whose Version in the dimension is
-    beyond the new primary (`ahead_version`), and `--repair` converges the dimension."""
+    beyond the new primary (`ahead_version`), and `--repair` converges the dimension. The
+    events of batches 2 and 3 are what the exporter serves as beyond the source (the page)
+    until the repair; before, nothing counted them."""
     with streaming_pair() as pair:
         dsn = pair.dsn
         migrate_postgres(dsn)
@@ -411,14 +413,15 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
             edit_areas(conn, 50)
             drain_until_empty(conn, dsn)  # rows the standby receives, published after the cut
             pair.cut_replication()
-            lost = relay_once(settings).published  # batch 1: rows the new primary will hold
+            held = relay_once(settings).published  # batch 1: rows the new primary will hold
+            beyond = 0
             for area in (70, 80):  # batches 2 and 3: rows it will never have seen
                 edit_areas(conn, area)
                 drain_until_empty(conn, dsn)
-                lost += relay_once(settings).published
+                beyond += relay_once(settings).published
             load_once(settings, options)
             before = {own: journal(conn, own) for own in topics.private.values()}
-        assert lost > 0
+        assert held > 0 and beyond > 0
         pair.fail_over()
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -428,6 +431,9 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
             drain_until_empty(conn, dsn)
             after = {own: journal(conn, own) for own in topics.private.values()}
         relay_once(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # Served as chessboard_outbox_events_beyond_source: CHESSBOARD_KAFKA_AHEAD_OF_SOURCE.
+            assert events_beyond_source(conn) == beyond
         for own, old in before.items():
             old_ids = {w.event_id for w in old}
             new_ids = {w.event_id for w in after[own]} - old_ids
@@ -446,6 +452,8 @@ def test_failover_to_a_lagging_standby_repeats_no_receipted_batch_and_reconcile_
         assert found.dim.by_kind["ahead_version"] == groups == 2 * PROJECTS, found.as_dict()
         assert found.aggregates.summary()["projects_drifted"] == 0, found.as_dict()
         assert reconcile(settings, repair=True).repair == Repair(0, groups)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert events_beyond_source(conn) == 0  # the page resolves
         relay_once(settings)
         load_once(settings, options)
         healed = reconcile(settings).as_dict()

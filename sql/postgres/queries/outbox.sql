@@ -124,6 +124,14 @@ USING unnest(:firsts::bigint[], :lasts::bigint[], :uptos::bigint[]) AS r (first_
 WHERE e.id BETWEEN r.first_id AND r.last_id
     AND (r.upto IS NULL OR (extract(epoch FROM e.created_at) * 1000)::bigint <= r.upto);
 
+-- name: record_events_beyond_source(transactional_id, events)!
+-- Recovery, in its transaction: `events` of the receipts found were rows this database never
+-- had (count_runs found fewer than the receipts name): their Versions are in Kafka only.
+UPDATE chessboard.outbox_relay_commits
+SET events_beyond_source = events_beyond_source + :events,
+    beyond_source_since = coalesce(beyond_source_since, now())
+WHERE transactional_id = :transactional_id;
+
 -- name: count_relayed(topics, published, dead_lettered)!
 -- Same transaction as the deletes: a counter never runs ahead of or behind the outbox. Rows are
 -- upserted in topic order, so writers lock them in the same order.
@@ -153,6 +161,10 @@ ORDER BY topic;
 SELECT count(*) AS pending,
        coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS lag_seconds
 FROM chessboard.outbox_events;
+
+-- name: events_beyond_source()$
+-- Events Kafka holds beyond this database, over every relay identity, since the last repair.
+SELECT coalesce(sum(events_beyond_source), 0)::bigint FROM chessboard.outbox_relay_commits;
 
 -- name: relay_topics()
 -- The topics the relay creates on the broker before its first batch.

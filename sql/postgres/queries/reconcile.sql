@@ -157,3 +157,15 @@ WITH wanted AS (
     RETURNING 1
 )
 SELECT count(*) FROM published;
+
+-- name: clear_events_beyond_source(before)!
+-- After a repair re-published every drifted group with a Version above the dimension's (which
+-- holds what Kafka held when the drift was read): what the relay's recovery recorded before
+-- that read is superseded. A recovery after it stays counted.
+UPDATE chessboard.outbox_relay_commits
+SET events_beyond_source = 0, beyond_source_since = NULL
+WHERE beyond_source_since <= :before;
+
+-- name: clock()$
+-- The database's clock: the moment a drift read starts, in the clock the recovery stamps with.
+SELECT now();

@@ -104,11 +104,17 @@ CREATE TABLE chessboard.outbox_topic_stats (
 -- outbox_id is part of the receipts' key: a database created again, or another database whose
 -- relay uses the same transactional.id on the same Kafka, never takes another outbox's receipt
 -- for its own (its ids would name unrelated rows).
+-- events_beyond_source: events of receipts whose rows this database never had (a failover to a
+-- lagging standby, a restore from a backup): Versions Kafka holds beyond the source, which the
+-- source will issue again with other content. Added by the recovery since beyond_source_since,
+-- set back to 0 by `pin reconcile --repair`; served as chessboard_outbox_events_beyond_source.
 CREATE TABLE chessboard.outbox_relay_commits (
     transactional_id text PRIMARY KEY,
     outbox_id uuid NOT NULL DEFAULT gen_random_uuid(),
     last_seq bigint NOT NULL DEFAULT 0,
-    committed_at timestamptz
+    committed_at timestamptz,
+    events_beyond_source bigint NOT NULL DEFAULT 0,
+    beyond_source_since timestamptz
 );
 
 -- ---------------------------------------------------------------------------------------------
