@@ -36,9 +36,9 @@ CHECK_JOBS = ("recalc_poison_check_job", "dim_layout_group_versions_check_job")
 LAUNCH_WINDOW_SECONDS = 8.0
 #: A run submitted this long after the stop, at random: a schedule's tick in flight.
 TICK_IN_FLIGHT_SECONDS = 1.0
-#: Stops of each variant: a start, the launches and a stop take ~30 s on a busy 2-core machine,
-#: so CI tries 3 of each (PIN_TEST_SERVE_STOPS more: 10 each was run when the stop was fixed).
-STOPS_PER_VARIANT = 3
+#: Stops of each variant, 20 in all (PIN_TEST_SERVE_STOPS to try more): a start, the launches
+#: and a stop take 15-20 s on a 2-core machine.
+STOPS_PER_VARIANT = 10
 #: A stop ends each run or cancels it within its wind-down bound and the children's grace.
 STOP_SECONDS = 40.0
 #: How an operator's tools stop it: SIGTERM to its process group (`kill -TERM -<pgid>`, Ctrl-C's
