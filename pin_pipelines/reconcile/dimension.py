@@ -204,10 +204,7 @@ def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> Versio
 
 def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
     """Repair: one transaction per project (project row lock first, as the drain takes it), each
-    group's version bumped and its event written to the outbox. Returns the events written.
-
-    Then the events the relay found beyond the source (a failover) are cleared: every group
-    whose dimension row held such a Version was drifted and is now re-published above it."""
+    group's version bumped and its event written to the outbox. Returns the events written."""
     by_project: dict[UUID, list[UUID]] = defaultdict(list)
     for group_id in drift.republish:
         by_project[drift.projects[group_id]].append(group_id)
@@ -224,6 +221,14 @@ def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
                         floor_versions=[drift.republish[g] for g in groups],
                     )
                 )
-        if drift.read_at is not None:
-            Q.clear_events_beyond_source(conn, before=drift.read_at)
     return written
+
+
+def clear_events_beyond_source(pg_dsn: str, drift: DimDrift) -> None:
+    """After a repair: the events the relay found beyond the source (a failover) before the
+    dimension was read are superseded, since every group whose row held such a Version was
+    drifted and is now re-published above it."""
+    if drift.read_at is None:
+        return
+    with connection(pg_dsn, autocommit=True) as conn:
+        Q.clear_events_beyond_source(conn, before=drift.read_at)

@@ -10,6 +10,7 @@ from pin_pipelines.config import Settings
 from pin_pipelines.reconcile.aggregates import AggregateDrift, aggregates_drift, enqueue_projects
 from pin_pipelines.reconcile.dimension import (
     DimDrift,
+    clear_events_beyond_source,
     dim_layout_group_drift,
     republish_layout_groups,
 )
@@ -57,7 +58,10 @@ def repair_aggregates(pg_dsn: str, drift: AggregateDrift) -> int:
 
 
 def repair_dim(pg_dsn: str, drift: DimDrift) -> int:
-    return republish_layout_groups(pg_dsn, drift)
+    """Drifted groups re-published; what the relay recorded beyond the source is then cleared."""
+    written = republish_layout_groups(pg_dsn, drift)
+    clear_events_beyond_source(pg_dsn, drift)
+    return written
 
 
 def reconcile(settings: Settings, repair: bool = False) -> ReconcileReport:

@@ -31,7 +31,8 @@ from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, ensure_t
 from pin_pipelines.metrics.rules import render_rules, thresholds_with
 from pin_pipelines.recalc.drain import seconds_until_next_due
 from pin_pipelines.recalc.enqueue import requeue_poisoned
-from pin_pipelines.reconcile.dimension import DimDrift, republish_layout_groups
+from pin_pipelines.reconcile import repair_dim
+from pin_pipelines.reconcile.dimension import DimDrift
 from pin_pipelines.relay import events_beyond_source
 from pin_pipelines.relay.outbox import relay_once
 from pin_pipelines.stack.process import free_port
@@ -351,7 +352,7 @@ def test_events_kafka_holds_beyond_postgresql_page_until_the_repair(
     assert notice.annotations["summary"].startswith(f"Kafka holds {beyond} event(s)")
 
     repaired = time.time()
-    assert republish_layout_groups(settings.pg_dsn, DimDrift(0, read_at=datetime.now(UTC))) == 0
+    assert repair_dim(settings.pg_dsn, DimDrift(0, read_at=datetime.now(UTC))) == 0
     assert events_beyond_source(db) == 0
     resolves(paging, "CHESSBOARD_KAFKA_AHEAD_OF_SOURCE", after=repaired, within=1)
 
