@@ -20,6 +20,10 @@ import pytest
 
 from tests.support.blackhole import remove_leftover_rules
 
+#: The parallel lanes' order of modules (bin/test runs the suite on pytest-xdist workers), and
+#: the fixtures of services the session starts for itself (available to every test module).
+pytest_plugins = ["tests.support.lanes", "tests.support.private_kafka"]
+
 # --- process hygiene ------------------------------------------------------------------------------
 
 #: What `signal.getsignal` may answer: a handler, SIG_DFL/SIG_IGN, or None (set outside Python).

@@ -45,6 +45,7 @@ from tests.integration.clickhouse_fixtures import (  # fixtures, registered by t
 )
 from tests.support.pg import dbname
 from tests.support.recalc import drain_until_empty
+from tests.support.workers import once_per_run, per_worker, run_lock
 
 __all__ = [
     "chdb_url",
@@ -58,8 +59,12 @@ __all__ = [
     "private_clickhouse_server",
 ]
 
-#: Tests never touch the dev database `pin`: they own `pin_test` on the same server.
-TEST_PG_DSN = os.environ.get("PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin_test")
+#: Tests never touch the dev database `pin`: they own `pin_test` on the same server (under
+#: xdist, each worker its own: `pin_test_gw0`, …).
+BASE_TEST_PG_DSN = os.environ.get(
+    "PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin_test"
+)
+TEST_PG_DSN = dsn_with_dbname(BASE_TEST_PG_DSN, per_worker(dbname(BASE_TEST_PG_DSN)))
 os.environ["PIN_PG_DSN"] = TEST_PG_DSN
 os.environ.setdefault("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
@@ -76,15 +81,36 @@ DIM = "pin_dev_stats.dim_layout_group"
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> str:
-    """A freshly created and migrated test database (dropped first if a previous run left it)."""
-    admin = dsn_with_dbname(TEST_PG_DSN, "postgres")
+def pg_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The name of a database migrated once per test run, by the first worker to ask (dropped
+    first if a previous run left it): each worker's test database is a copy of it."""
+    template = f"{dbname(BASE_TEST_PG_DSN)}_template"
+    with once_per_run(tmp_path_factory, "pg-template") as first:
+        if first:
+            with psycopg.connect(_admin_dsn(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{template}"')
+            migrate_postgres(dsn_with_dbname(BASE_TEST_PG_DSN, template))
+    return template
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """This worker's test database, a fresh copy of the migrated template (dropped first if a
+    previous run left it). The copies are made one at a time: CREATE DATABASE … TEMPLATE
+    refuses while any other session is connected to the template."""
     name = dbname(TEST_PG_DSN)
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with (
+        run_lock(tmp_path_factory, "pg-copy"),
+        psycopg.connect(_admin_dsn(), autocommit=True) as conn,
+    ):
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    migrate_postgres(TEST_PG_DSN)
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
     return TEST_PG_DSN
+
+
+def _admin_dsn() -> str:
+    return dsn_with_dbname(BASE_TEST_PG_DSN, "postgres")
 
 
 @pytest.fixture

@@ -34,7 +34,6 @@ from pin_pipelines.kafka import (
 )
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.cli import run_pin
 from tests.support.devstats import Group, produce_events, read_all
 
@@ -127,7 +126,7 @@ def _without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
 
 
 def test_migrate_makes_existing_snapshot_topics_compacted_in_place(
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     pg_dsn: str,
     tmp_path: Path,
 ) -> None:
@@ -169,7 +168,7 @@ def test_migrate_makes_existing_snapshot_topics_compacted_in_place(
 
 
 def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_group(
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     pg_dsn: str,
     tmp_path: Path,
 ) -> None:
@@ -211,7 +210,7 @@ def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_gr
 
 
 def test_a_loader_whose_group_lost_its_offsets_resumes_from_the_earliest_offset(
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     pg_dsn: str,
     tmp_path: Path,
 ) -> None:

@@ -63,6 +63,10 @@ from tests.integration.test_reconcile import small_project
 from tests.support.cli import assert_one_line_error, run_pin, summary
 from tests.support.devstats import Group, committed, physical_rows, produce_events
 
+#: Alone on the machine: it drops, truncates and stops servers of the stack's shared ClickHouse
+#: cluster, which other modules' tests use.
+pytestmark = pytest.mark.alone
+
 LOCAL = f"{TABLE}{LOCAL_SUFFIX}"
 
 

@@ -26,6 +26,10 @@ from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.process import free_port
 from tests.integration.clickhouse_fixtures import server_url
 
+#: Alone on the machine: it drops the dimension of the stack's shared ClickHouse server, which
+#: other modules' tests read and write.
+pytestmark = pytest.mark.alone
+
 TABLE = "pin_dev_stats.dim_layout_group"
 AWKWARD = 'Люкс с видом на море: it\'s "quoted", back\\slash, tab\t, new\nline, nul\0 %(x)s'
 

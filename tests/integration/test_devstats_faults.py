@@ -31,13 +31,9 @@ from pin_pipelines.devstats.offsets import CLOSE_TIMEOUT, DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_relay_exactly_once import (  # the module's private broker
-    kafka,  # noqa: F401 (a fixture)
-    kill_broker,
-    restart_broker,
-)
 from tests.support.cli import PIN, assert_one_line_error, run_pin
 from tests.support.devstats import Group, committed, open_transaction, produce_events
+from tests.support.private_kafka import kill_broker, restart_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,7 +211,7 @@ def test_kafka_unreachable_is_one_line_error(tmp_path: Path) -> None:
 
 
 def test_broker_killed_after_the_first_commit_ends_the_load_in_one_line(
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     clickhouse_server_url: str,
     tmp_path: Path,
 ) -> None:

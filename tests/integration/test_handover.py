@@ -31,7 +31,6 @@ from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from pin_pipelines.quantiles import quantile
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.chessboard import make_layout_group, make_project
 from tests.support.http import answers_http
 from tests.support.serve import kill_session, serve_env, start_serve
@@ -169,7 +168,7 @@ def test_the_relay_and_load_legs_have_no_gap_across_a_handover_on_a_loaded_machi
     db: psycopg.Connection,
     pg_dsn: str,
     dagster_db: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     clickhouse_server_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -118,6 +118,9 @@ from tests.support.history import (
     write_outbox,
 )
 
+#: Alone on the machine: it cuts ports with iptables (a rule cuts every session using the port).
+pytestmark = pytest.mark.alone
+
 #: How long the leader stays cut off: past its fencing (broker.session.timeout.ms 6 s), and past
 #: the relay's own bound, its 30 s delivery timeout (DELIVERY_TIMEOUT): a silent leader answers
 #: nothing, so before that the relay has nothing to act on (with 25 s it published nothing until

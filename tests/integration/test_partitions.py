@@ -34,11 +34,7 @@ from tests.integration.test_devstats_continuous import (  # noqa: F401 (a fixtur
     wait_for,
 )
 from tests.integration.test_outbox_relay import TOPICS, outbox_count
-from tests.integration.test_relay_exactly_once import (  # noqa: F401 (a fixture)
-    assert_exactly_once_in_order,
-    backlog,
-    kafka,
-)
+from tests.integration.test_relay_exactly_once import assert_exactly_once_in_order, backlog
 from tests.support.blackhole import Direction, blackhole
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.cli import run_pin, summary
@@ -46,6 +42,9 @@ from tests.support.devstats import Group, produce_events
 from tests.support.pg import dbname
 from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slow_recalc
 from tests.support.truth import drift
+
+#: Alone on the machine: it cuts ports with iptables (a rule cuts every session using the port).
+pytestmark = pytest.mark.alone
 
 #: The drain's recalc of a project sleeps this long (a test trigger): the cut lands inside it.
 PROJECT_SECONDS = 3.0
@@ -284,7 +283,7 @@ RELAY_PARTITION_SECONDS = 25.0
 def test_a_continuous_relay_rides_out_a_kafka_partition_while_edits_keep_coming(
     outbox: psycopg.Connection,
     pg_dsn: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     tmp_path: Path,
 ) -> None:
     """Tried: a continuous `pin outbox relay` (a real process, this module's own broker and

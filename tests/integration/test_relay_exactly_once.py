@@ -7,8 +7,8 @@ test kills something at a chosen point (the broker, or the relay in one of its t
 relay run again, and reads every topic with read_committed, as the contract's consumers do: each
 outbox event exactly once (by EventId) and per key the Version strictly increasing.
 
-The broker is killed for real (SIGKILL), so it is this module's own, never the shared one on
-9092; it starts once for the module (a few seconds) and is stopped at the end.
+The broker is killed for real (SIGKILL), so it is the session's private one
+(tests/support/private_kafka.py), never the shared one on 9092.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,12 +30,11 @@ import pytest
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import ALL_TOPICS, TOPIC_RELAY_COMMITS, ensure_topics
 from pin_pipelines.relay import OutboxRelay, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.outbox import DELIVERY_TIMEOUT
 from pin_pipelines.stack.kafka import LocalKafka
-from pin_pipelines.stack.process import free_port, read_pid, wait_until
+from pin_pipelines.stack.process import wait_until
 from tests.integration.test_outbox_relay import (
     ROOT,
     TOPICS,
@@ -47,84 +45,9 @@ from tests.integration.test_outbox_relay import (
 )
 from tests.support.cli import PIN, assert_one_line_error
 from tests.support.pg import dbname
+from tests.support.private_kafka import kill_broker, restart_broker, stop_broker
 
 Offsets = dict[str, dict[int, int]]
-
-
-def _ports_pair() -> int:
-    """A free port whose successor is free too (the broker's controller listens there)."""
-    while True:
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
-@pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    """A broker of this module alone, with the jars `pin stack up` already fetched."""
-    root = tmp_path_factory.mktemp("private-kafka")
-    broker = LocalKafka(
-        Settings.from_env(
-            {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{_ports_pair()}"}
-        )
-    )
-    shared_jars = LocalKafka(Settings.from_env()).libs
-    broker.root.mkdir(parents=True)
-    if shared_jars.exists():
-        broker.libs.symlink_to(shared_jars)
-    try:
-        broker.up()
-        ensure_topics(broker.settings.kafka_bootstrap, ALL_TOPICS)
-        wait_for_leaders(broker)
-        yield broker
-    finally:
-        stop_broker(broker)
-
-
-def restart_broker(broker: LocalKafka) -> None:
-    """Start it again (a no-op when it runs) and wait until every partition has its leader."""
-    broker.up()
-    wait_for_leaders(broker)
-
-
-def wait_for_leaders(broker: LocalKafka) -> None:
-    """A broker that just started (or created topics) answers before it leads the partitions."""
-
-    def offsets_answered() -> bool:
-        try:
-            end_offsets(broker.settings.kafka_bootstrap, [*TOPICS, TOPIC_RELAY_COMMITS])
-        except PinError:
-            return False
-        return True
-
-    wait_until(offsets_answered, timeout=60, what="the private broker's partition leaders")
-
-
-def stop_broker(broker: LocalKafka) -> None:
-    """SIGTERM, SIGKILL after 30 s; returns once the JVM is gone and reaped."""
-    pid = read_pid(broker.pidfile)
-    broker.down()
-    _reap(pid)
-
-
-def kill_broker(broker: LocalKafka) -> None:
-    """SIGKILL: no shutdown at all."""
-    pid = read_pid(broker.pidfile)
-    assert pid is not None, "the private broker is not running"
-    os.kill(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _reap(pid: int | None) -> None:
-    """The broker is a child of this process (started detached, in its own session): collect
-    its exit status, so no zombie is left."""
-    if pid is not None:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
 
 
 @pytest.fixture

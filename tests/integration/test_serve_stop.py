@@ -25,7 +25,6 @@ from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.integration.test_kafka_cluster import shares
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.recalc import PIN, REPO_ROOT, sleeping_backends, slow_recalc
 from tests.support.serve import kill_session, serve_env, session_processes, start_serve
@@ -66,7 +65,7 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     db: psycopg.Connection,
     pg_dsn: str,
     dagster_db: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -25,9 +25,12 @@ from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.recalc import PIN, REPO_ROOT
 from tests.support.serve import kill_session, serve_env, start_serve, submit_run
+
+#: Alone on the machine: 20 stops at random moments, each bounded (STOP_SECONDS); other workers'
+#: load would move the moments it means to hit.
+pytestmark = pytest.mark.alone
 
 #: The jobs of the check schedules the CI run saw fail, submitted as their schedules submit them.
 CHECK_JOBS = ("recalc_poison_check_job", "dim_layout_group_versions_check_job")
@@ -51,7 +54,7 @@ def test_a_stop_around_launches_leaves_no_failed_run(
     variant: str,
     pg_dsn: str,
     dagster_db: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -35,7 +35,6 @@ from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.postgres import LocalPostgres
 from pin_pipelines.stack.process import free_port, wait_until
 from tests.integration.test_changelogs import _without_topics
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.integration.test_serve_stop import _failure_messages
 from tests.support.chessboard import (
     make_building,
@@ -246,7 +245,7 @@ def _stop(serve: subprocess.Popen[bytes], log: Path) -> None:
 def test_migrate_under_the_previous_releases_workers_then_replace_them(
     release: Release,
     postgres: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     stack: ExitStack,

@@ -12,7 +12,10 @@ import pytest
 
 from pin_pipelines.devstats.events import BadEvent, newest_per_group, parse_event, parse_message
 
-ID = str(uuid.uuid4())
+#: Fixed, not random: the parameters below name tests, and xdist needs every worker to collect
+#: the same names.
+ID = "5f0c6a8e-3b1d-4c2a-9e47-1d2b3c4d5e6f"
+OTHER_ID = "0b9d8f7e-6a5c-4b3d-8e2f-1a0b9c8d7e6f"
 
 
 def event(**changes: Any) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def test_a_message_keyed_by_its_id_as_a_lowercase_uuid_is_read() -> None:
         (ID.replace("-", "").encode(), f"key '{ID.replace('-', '')}' is not"),
         (f"{{{ID}}}".encode(), f"key '{{{ID}}}' is not"),
         (f"{ID} ".encode(), f"key '{ID} ' is not"),
-        (str(uuid.uuid4()).encode(), f"is not the event's Id '{ID}'"),
+        (OTHER_ID.encode(), f"is not the event's Id '{ID}'"),
         (b"\xff" * 200, "key '" + "\ufffd" * 80 + "' is not"),
     ],
 )

@@ -1,0 +1,136 @@
+"""A Kafka broker of the test session's own, for the modules that kill it, or that need a consumer
+group or topic configuration no other session shares (never the shared broker on 9092).
+
+It starts once per session (per xdist worker) with the jars `pin stack up` already fetched, and
+each module that takes `kafka` gets it reset to the state of a new broker: running (a test may
+have killed it), no topic but the project's, empty, and no consumer group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaException
+
+from pin_pipelines.config import Settings
+from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import ALL_TOPICS, admin, delete_topics, ensure_topics
+from pin_pipelines.relay import topic_end_offsets as end_offsets
+from pin_pipelines.stack.kafka import LocalKafka
+from pin_pipelines.stack.process import free_port, read_pid, wait_until
+
+
+def _ports_pair() -> int:
+    """A free port whose successor is free too (the broker's controller listens there)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+@pytest.fixture(scope="session")
+def private_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """The session's private broker, started on first use and stopped at the session's end."""
+    root = tmp_path_factory.mktemp("private-kafka")
+    broker = LocalKafka(
+        Settings.from_env(
+            {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{_ports_pair()}"}
+        )
+    )
+    shared_jars = LocalKafka(Settings.from_env()).libs
+    broker.root.mkdir(parents=True)
+    if shared_jars.exists():
+        broker.libs.symlink_to(shared_jars)
+    try:
+        broker.up()
+        yield broker
+    finally:
+        stop_broker(broker)
+
+
+@pytest.fixture(scope="module")
+def kafka(private_kafka_broker: LocalKafka) -> LocalKafka:
+    """The private broker as a new one: running, the project's topics empty, no group."""
+    reset_broker(private_kafka_broker)
+    return private_kafka_broker
+
+
+def reset_broker(broker: LocalKafka) -> None:
+    """Up (a no-op when it runs), every topic but Kafka's own deleted and every consumer group
+    with it, then the project's topics created again, each partition with its leader."""
+    broker.up()
+    bootstrap = broker.settings.kafka_bootstrap
+    wait_until(lambda: _listed(bootstrap) is not None, timeout=60, what="the private broker")
+    client = admin(bootstrap)
+    groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
+    if groups:
+        for future in client.delete_consumer_groups(groups, request_timeout=15).values():
+            future.result(timeout=15)
+    topics = tuple(t for t in _listed(bootstrap) or () if not t.startswith("__"))
+    delete_topics(bootstrap, topics)
+    wait_until(
+        lambda: not set(topics) & set(_listed(bootstrap) or topics),
+        timeout=30,
+        what="the private broker's topics deleted",
+    )
+    ensure_topics(bootstrap, ALL_TOPICS)
+    wait_for_leaders(broker)
+
+
+def _listed(bootstrap: str) -> list[str] | None:
+    """The broker's topics, or None while it does not answer."""
+    try:
+        return list(admin(bootstrap).list_topics(timeout=10).topics)
+    except KafkaException:
+        return None
+
+
+def restart_broker(broker: LocalKafka) -> None:
+    """Start it again (a no-op when it runs) and wait until every partition has its leader."""
+    broker.up()
+    wait_for_leaders(broker)
+
+
+def wait_for_leaders(broker: LocalKafka) -> None:
+    """A broker that just started (or created topics) answers before it leads the partitions."""
+
+    def offsets_answered() -> bool:
+        try:
+            end_offsets(broker.settings.kafka_bootstrap, list(ALL_TOPICS))
+        except PinError:
+            return False
+        return True
+
+    wait_until(offsets_answered, timeout=60, what="the private broker's partition leaders")
+
+
+def stop_broker(broker: LocalKafka) -> None:
+    """SIGTERM, SIGKILL after 30 s; returns once the JVM is gone and reaped."""
+    pid = read_pid(broker.pidfile)
+    broker.down()
+    _reap(pid)
+
+
+def kill_broker(broker: LocalKafka) -> None:
+    """SIGKILL: no shutdown at all."""
+    pid = read_pid(broker.pidfile)
+    assert pid is not None, "the private broker is not running"
+    os.kill(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _reap(pid: int | None) -> None:
+    """The broker is a child of this process (started detached, in its own session): collect
+    its exit status, so no zombie is left."""
+    if pid is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
