@@ -30,7 +30,7 @@ class Case:
 
 def module_path(classname: str) -> str:
     """`tests.integration.test_x` or `tests.integration.test_x.Class` → the module's path."""
-    parts = classname.split(".")
+    parts = [part for part in classname.split(".") if part]
     for end in range(len(parts), 0, -1):
         path = Path(*parts[:end]).with_suffix(".py")
         if (ROOT / path).exists():
@@ -47,8 +47,8 @@ def cases(junit: Path) -> list[Case]:
                 outcome = child.tag
         found.append(
             Case(
-                module_path(case.get("classname", "")),
-                case.get("name", ""),
+                module_path(case.get("classname") or ""),
+                case.get("name", "").split("@", 1)[0],  # xdist's group suffix
                 float(case.get("time", "0")),
                 outcome,
             )
