@@ -86,6 +86,16 @@ def reset_broker(broker: LocalKafka) -> None:
     wait_for_leaders(broker)
 
 
+def without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
+    """Delete `topics` and wait until the broker no longer lists them."""
+    delete_topics(bootstrap, topics)
+    wait_until(
+        lambda: not set(topics) & set(admin(bootstrap).list_topics(timeout=10).topics),
+        timeout=30,
+        what="the topics deleted",
+    )
+
+
 def _listed(bootstrap: str) -> list[str] | None:
     """The broker's topics, or None while it does not answer."""
     try:
