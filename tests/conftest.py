@@ -2,8 +2,10 @@
 the SIGINT and SIGTERM dispositions, and no child process alive (a leftover `pin` outlived CI
 once).
 
-Nothing here needs a service: the fixtures of the real local services live in
-tests/integration/conftest.py, so tests/unit runs with none up.
+Nothing here needs a service: the fixtures of the real local services are session fixtures of
+tests/support (registered below), which start nothing until a test asks for them, and only the
+conftests of tests/integration and tests/e2e point `pin`'s environment at them, so tests/unit runs
+with none up.
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ import pytest
 from tests.support.blackhole import remove_leftover_rules
 
 #: The parallel lanes' order of modules (bin/test runs the suite on pytest-xdist workers), and
-#: the fixtures of services the session starts for itself (available to every test module).
-pytest_plugins = ["tests.support.lanes", "tests.support.private_kafka"]
+#: the fixtures of the services, shared or the session's own (available to every test module).
+pytest_plugins = [
+    "tests.support.lanes",
+    "tests.support.database",
+    "tests.support.shared_kafka",
+    "tests.support.private_kafka",
+    "tests.support.kafka_cluster",
+    "tests.support.clickhouse",
+    "tests.support.devstats_dagster",
+]
 
 # --- process hygiene ------------------------------------------------------------------------------
 

@@ -1,16 +1,17 @@
-"""The fixtures that need services, for the integration tests (and the browser test, which
-imports the database ones): the real local services, a dedicated test database with clean tables
-per test, the ClickHouse paths (clickhouse_fixtures.py) and the whole pipeline, drain → relay →
-loader into the session's embedded dimension.
+"""The fixtures that need services, for the integration tests: the emptied outbox, the settings
+of the real local services, the session's embedded dimension emptied, the whole pipeline, drain →
+relay → loader into it, and a Dagster instance on a database of its own.
 
-The services come from `pin stack up` (CI runs it first). A missing service FAILS the tests that
-need it: nothing here skips. Nothing outside tests/integration/ and tests/e2e/ sees these, so
-tests/unit runs with no service up.
+The services themselves are session fixtures of tests/support (the test database, the shared and
+the private brokers, the ClickHouse paths), registered for every test by tests/conftest.py. They
+come from `pin stack up` (CI runs it first). A missing service FAILS the tests that need it:
+nothing here skips. Nothing outside tests/integration/ sees the fixtures of this file, and only
+the conftests of tests/integration/ and tests/e2e/ point `pin`'s environment at the test services,
+so tests/unit runs with no service up.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,110 +28,18 @@ from pin_pipelines.kafka import (
     TOPIC_LAYOUT,
     TOPIC_LAYOUT_GROUP,
     TOPIC_PROJECT,
-    broker_answers,
     ensure_topics,
 )
-from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.relay import relay_once
-from tests.integration.clickhouse_fixtures import (  # fixtures, registered by the import
-    chdb_url,
-    clickhouse,
-    clickhouse_cluster,
-    clickhouse_cluster_url,
-    clickhouse_server_url,
-    clickhouse_url,
-    loader_options,
-    loader_settings,
-    private_clickhouse_server,
-)
+from tests.support.database import use_test_database
 from tests.support.pg import dbname
 from tests.support.recalc import drain_until_empty
-from tests.support.workers import once_per_run, per_worker, run_lock
+from tests.support.shared_kafka import use_shared_broker
 
-__all__ = [
-    "chdb_url",
-    "clickhouse",
-    "clickhouse_cluster",
-    "clickhouse_cluster_url",
-    "clickhouse_server_url",
-    "clickhouse_url",
-    "loader_options",
-    "loader_settings",
-    "private_clickhouse_server",
-]
+use_test_database()
+use_shared_broker()
 
-#: Tests never touch the dev database `pin`: they own `pin_test` on the same server (under
-#: xdist, each worker its own: `pin_test_gw0`, …).
-BASE_TEST_PG_DSN = os.environ.get(
-    "PIN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/pin_test"
-)
-TEST_PG_DSN = dsn_with_dbname(BASE_TEST_PG_DSN, per_worker(dbname(BASE_TEST_PG_DSN)))
-os.environ["PIN_PG_DSN"] = TEST_PG_DSN
-os.environ.setdefault("PIN_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-
-CHESSBOARD_TABLES = (
-    "property_objects",
-    "layouts",
-    "layout_groups",
-    "buildings",
-    "projects",
-    "project_recalc_requests",
-    "outbox_events",
-)
 DIM = "pin_dev_stats.dim_layout_group"
-
-
-@pytest.fixture(scope="session")
-def pg_template(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The name of a database migrated once per test run, by the first worker to ask (dropped
-    first if a previous run left it): each worker's test database is a copy of it."""
-    template = f"{dbname(BASE_TEST_PG_DSN)}_template"
-    with once_per_run(tmp_path_factory, "pg-template") as first:
-        if first:
-            with psycopg.connect(_admin_dsn(), autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
-                conn.execute(f'CREATE DATABASE "{template}"')
-            migrate_postgres(dsn_with_dbname(BASE_TEST_PG_DSN, template))
-    return template
-
-
-@pytest.fixture(scope="session")
-def pg_dsn(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """This worker's test database, a fresh copy of the migrated template (dropped first if a
-    previous run left it). The copies are made one at a time: CREATE DATABASE … TEMPLATE
-    refuses while any other session is connected to the template."""
-    name = dbname(TEST_PG_DSN)
-    with (
-        run_lock(tmp_path_factory, "pg-copy"),
-        psycopg.connect(_admin_dsn(), autocommit=True) as conn,
-    ):
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    return TEST_PG_DSN
-
-
-def _admin_dsn() -> str:
-    return dsn_with_dbname(BASE_TEST_PG_DSN, "postgres")
-
-
-@pytest.fixture
-def db(pg_dsn: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection to an emptied chessboard schema with default queue settings."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            "TRUNCATE " + ", ".join(f"chessboard.{t}" for t in CHESSBOARD_TABLES) + " CASCADE"
-        )
-        conn.execute("DELETE FROM chessboard.recalc_settings")
-        conn.execute("INSERT INTO chessboard.recalc_settings DEFAULT VALUES")
-        yield conn
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    """The real broker of `pin stack up`; a missing broker fails here, clearly."""
-    bootstrap = os.environ["PIN_KAFKA_BOOTSTRAP"]
-    assert broker_answers(bootstrap, timeout=10), f"Kafka at {bootstrap} does not answer"
-    return bootstrap
 
 
 @pytest.fixture

@@ -25,18 +25,11 @@ import pytest
 from pin_pipelines.api.server import MAX_REQUEST_HEAD_BYTES
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.stack.process import free_port
-from tests.integration.test_devstats_continuous import (  # the loader as a real process
-    chdb_folder_url,
-    loader_env,
-    loaders,
-    wait_for,
-)
 from tests.support.api import ApiProcess, running_api
 from tests.support.cli import assert_one_line_error, run_pin
 from tests.support.devstats import Group, produce_events
 from tests.support.idp import IdentityProvider, api_env
-
-__all__ = ["chdb_folder_url"]  # a fixture, registered by the import
+from tests.support.loaders import loader_env, loaders, wait_for  # the loader as a real process
 
 LABELS = "/v1/layout-groups/labels"
 GROUPS = "/v1/layout-groups"

@@ -2,7 +2,7 @@
 place by `pin db migrate`; a backfill after compaction still brings every group back; a loader
 whose group lost its offsets resumes from the earliest retained offset.
 
-The Kafka broker is this module's own (test_relay_exactly_once's fixture): the tests create,
+The Kafka broker is the session's private one (tests/support/private_kafka.py): the tests create,
 alter and delete the product's own topic names and the loader's consumer group, which on the
 shared broker belong to every other session's `pin serve`."""
 
@@ -30,12 +30,12 @@ from pin_pipelines.kafka import (
     CHANGELOG_TOPICS,
     TOPIC_LAYOUT_GROUP,
     admin,
-    delete_topics,
 )
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.support.cli import run_pin
 from tests.support.devstats import Group, produce_events, read_all
+from tests.support.private_kafka import without_topics
 
 #: Topic configs that make the broker's log cleaner compact within seconds: segments roll after
 #: 100 ms, any dirty share is worth cleaning, no version is protected by a lag.
@@ -115,16 +115,6 @@ def _readable(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
         consumer.close()
 
 
-def _without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
-    """Delete `topics` and wait until the broker no longer lists them."""
-    delete_topics(bootstrap, topics)
-    wait_until(
-        lambda: not set(topics) & set(admin(bootstrap).list_topics(timeout=10).topics),
-        timeout=30,
-        what="the topics deleted",
-    )
-
-
 def test_migrate_makes_existing_snapshot_topics_compacted_in_place(
     kafka: LocalKafka,
     pg_dsn: str,
@@ -138,7 +128,7 @@ def test_migrate_makes_existing_snapshot_topics_compacted_in_place(
     left an existing topic's cleanup policy as it was."""
     bootstrap = kafka.settings.kafka_bootstrap
     client = admin(bootstrap)
-    _without_topics(bootstrap, CHANGELOG_TOPICS)
+    without_topics(bootstrap, CHANGELOG_TOPICS)
     created = client.create_topics(
         [NewTopic(t, 2, 1, config={"cleanup.policy": "delete"}) for t in CHANGELOG_TOPICS]
     )
@@ -180,7 +170,7 @@ def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_gr
     version replaced."""
     bootstrap = kafka.settings.kafka_bootstrap
     env = _env(bootstrap, pg_dsn, tmp_path)
-    _without_topics(bootstrap, (TOPIC_LAYOUT_GROUP,))
+    without_topics(bootstrap, (TOPIC_LAYOUT_GROUP,))
     _summary("db", "migrate", env=env)  # creates it compacted, and the empty dimension
     assert _configs(bootstrap, TOPIC_LAYOUT_GROUP)["cleanup.policy"] == "compact"
     _alter(bootstrap, TOPIC_LAYOUT_GROUP, EAGER_COMPACTION)
@@ -222,7 +212,7 @@ def test_a_loader_whose_group_lost_its_offsets_resumes_from_the_earliest_offset(
     inserted, no error, nothing lost. This already held before; the test keeps it so."""
     bootstrap = kafka.settings.kafka_bootstrap
     env = _env(bootstrap, pg_dsn, tmp_path)
-    _without_topics(bootstrap, (TOPIC_LAYOUT_GROUP,))  # and the group's offsets in it
+    without_topics(bootstrap, (TOPIC_LAYOUT_GROUP,))  # and the group's offsets in it
     _summary("db", "migrate", env=env)
     developer = uuid.uuid4()
     first = [Group(developer_id=developer) for _ in range(50)]

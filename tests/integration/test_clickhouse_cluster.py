@@ -57,11 +57,10 @@ from pin_pipelines.stack.clickhouse_cluster import (
     LocalClickHouseCluster,
 )
 from pin_pipelines.stack.process import free_port_run, pid_alive, port_open, read_pid, wait_until
-from tests.integration.clickhouse_fixtures import cluster_in_sync, settings_for
-from tests.integration.test_devstats_dagster import end_offsets
-from tests.integration.test_reconcile import small_project
+from tests.support.chessboard import small_project
 from tests.support.cli import assert_one_line_error, run_pin, summary
-from tests.support.devstats import Group, committed, physical_rows, produce_events
+from tests.support.clickhouse import cluster_in_sync, settings_for
+from tests.support.devstats import Group, committed, end_offsets, physical_rows, produce_events
 
 #: Alone on the machine: it drops, truncates and stops servers of the stack's shared ClickHouse
 #: cluster, which other modules' tests use.

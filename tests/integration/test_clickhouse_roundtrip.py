@@ -24,7 +24,7 @@ from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.errors import PinError
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.process import free_port
-from tests.integration.clickhouse_fixtures import server_url
+from tests.support.clickhouse import server_url
 
 #: Alone on the machine: it drops the dimension of the stack's shared ClickHouse server, which
 #: other modules' tests read and write.

@@ -24,15 +24,11 @@ from pin_pipelines.defs.relay.jobs import outbox_relay_job
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.kafka import TOPIC_PROJECT
-from tests.integration.test_devstats_dagster import (  # noqa: F401 (a fixture, used by name)
-    load_config,
-    metadata_of,
-    private_topic,
-)
-from tests.integration.test_outbox_relay import insert, payload
-from tests.integration.test_relay_dagster import relay_config
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.devstats import Group, produce_events
+from tests.support.devstats_dagster import load_config, metadata_of
+from tests.support.outbox import insert, payload
+from tests.support.relay import relay_config
 
 #: A long-lived run's budget in these tests: the loader joins its group within it and then
 #: stores a batch per event that arrives EVERY seconds apart (a batch closes 0.25 s after its
@@ -96,7 +92,7 @@ def test_a_drain_run_writes_as_many_event_rows_for_30_projects_as_for_3(db, pg_i
 
 
 def test_a_load_run_writes_as_many_event_rows_for_many_batches_as_for_one(
-    private_topic: LoadOptions,  # noqa: F811 (the fixture imported above)
+    private_topic: LoadOptions,
     kafka_bootstrap: str,
     pg_instance: dg.DagsterInstance,
 ) -> None:

@@ -23,9 +23,8 @@ from pin_pipelines.cli import main
 from pin_pipelines.devstats import loading as loader  # what `pin devstats backfill` calls
 from pin_pipelines.devstats.loading import DEFAULT_GROUP, IdRange, LoadSummary
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
-from tests.integration.test_devstats_dagster import commit_group, end_offsets
 from tests.support.cli import assert_one_line_error, run_pin, summary
-from tests.support.devstats import Group, produce_events
+from tests.support.devstats import Group, commit_group, end_offsets, produce_events
 
 
 @pytest.fixture(scope="module")

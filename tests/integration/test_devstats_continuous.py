@@ -14,158 +14,27 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
 from confluent_kafka import Producer
 
-from pin_pipelines.clickhouse import ClickHouseError, open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
 from pin_pipelines.defs.reconcile.assets import dim_layout_group_drift
 from pin_pipelines.defs.resources import RESOURCES
-from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.devstats.freshness import unloaded_events
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.metrics import devstats as devstats_metrics
 from pin_pipelines.stack.clickhouse_cluster import DEFAULT_CLUSTER
-from tests.integration.clickhouse_fixtures import engine_url
-from tests.integration.test_devstats_dagster import end_offsets
 from tests.support.cli import run_pin, summary
-from tests.support.devstats import Group, committed, produce_events
-
-#: `pin devstats load` (cli.main) with the loader aimed at argv's topic, group and DLQ topic (and,
-#: for the partition tests, a shorter bound for rejoining its group).
-LOADER = """
-import dataclasses, os, sys
-from pin_pipelines.devstats import loader
-topic, group, dlq_topic = sys.argv[1:4]
-if os.environ.get("PIN_TEST_JOIN_TIMEOUT"):
-    loader.JOIN_TIMEOUT = float(os.environ["PIN_TEST_JOIN_TIMEOUT"])
-real = loader.load_continuously
-def aimed(settings, options):
-    options = dataclasses.replace(options, topic=topic, group=group, dlq_topic=dlq_topic)
-    return real(settings, options)
-loader.load_continuously = aimed
-from pin_pipelines.cli import main
-sys.exit(main(["devstats", "load"]))
-"""
-
-
-class LoaderProcess:
-    """A running loader; its stdout and stderr go to files (a full pipe would block it)."""
-
-    def __init__(
-        self, options: LoadOptions, env: dict[str, str], logs: Path, name: str, *, deaf: bool
-    ) -> None:
-        """`deaf`: started with SIGTERM and SIGINT ignored, as a supervisor may leave them."""
-        self.out, self.err = logs / f"{name}.out", logs / f"{name}.err"
-        with self.out.open("w") as out, self.err.open("w") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", LOADER, options.topic, options.group, options.dlq_topic],
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=err,
-                text=True,
-                preexec_fn=_ignore_stop_signals if deaf else None,
-            )
-
-    def stop(self, timeout: float = 30.0) -> tuple[dict[str, Any], float]:
-        """SIGTERM; its JSON summary (the last stdout line) and how long it took to exit 0."""
-        sent = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout)
-        took = time.monotonic() - sent
-        assert code == 0, f"exit {code}: {self.err.read_text()[-2000:]}"
-        return json.loads(self.out.read_text().strip().splitlines()[-1]), took
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(30)
-
-
-def _ignore_stop_signals() -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-
-
-@contextmanager
-def loaders(
-    options: LoadOptions, env: dict[str, str], logs: Path
-) -> Iterator[Callable[..., LoaderProcess]]:
-    """Start loader processes by name; every one is killed and waited for at the end."""
-    started: list[LoaderProcess] = []
-
-    def start(name: str, deaf: bool = False) -> LoaderProcess:
-        started.append(LoaderProcess(options, env, logs, name, deaf=deaf))
-        return started[-1]
-
-    try:
-        yield start
-    finally:
-        for loader in started:
-            loader.kill()
-
-
-def loader_env(
-    clickhouse_url: str, kafka_bootstrap: str, pg_dsn: str, state: Path
-) -> dict[str, str]:
-    return {
-        "PIN_CLICKHOUSE_URL": clickhouse_url,
-        "PIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "PIN_PG_DSN": pg_dsn,
-        "PIN_STATE_DIR": str(state),
-    }
-
-
-def versions(clickhouse_url: str, groups: list[Group]) -> dict[uuid.UUID, int]:
-    """The stored (argMax) version of each group that has one; a client opened for this read.
-
-    This process may hold the session's own chdb folder (another module's fixture), and chdb
-    opens one folder per process: it then reads only through a loader that owns the folder, and
-    waits (up to 60 s) while none does (one starting, or the milliseconds of a hand-over)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with open_clickhouse(clickhouse_url) as ch:
-                found = stored_versions(ch, [g.id for g in groups])
-        except ClickHouseError as exc:
-            if "already has embedded ClickHouse open" not in str(exc):
-                raise
-            assert time.monotonic() < deadline, exc
-            time.sleep(0.05)
-        else:
-            return {g.id: found[g.id.int] for g in groups if g.id.int in found}
-
-
-def wait_for(what: str, done: Callable[[], bool], timeout: float) -> float:
-    """Seconds until `done()`; fails after `timeout`."""
-    started = time.monotonic()
-    while not done():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout:g}s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-@pytest.fixture
-def chdb_folder_url(tmp_path: Path, pg_dsn: str) -> str:
-    """A migrated embedded folder of this test (`pin db migrate`, as a user would)."""
-    url = f"chdb://{tmp_path / 'chdb'}"
-    summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
-    return url
-
+from tests.support.clickhouse import engine_url
+from tests.support.devstats import Group, committed, end_offsets, produce_events
+from tests.support.loaders import loader_env, loaders, versions, wait_for
 
 # --- the embedded engine keeps serving readers ------------------------------------------------
 

@@ -25,13 +25,12 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from dagster._core.events import DagsterEvent, DagsterEventType
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
-from pin_pipelines.defs.devstats import assets as devstats_assets
 from pin_pipelines.defs.devstats import jobs as devstats_jobs
 from pin_pipelines.defs.devstats import sensors as devstats_sensors
 from pin_pipelines.defs.devstats.assets import dim_layout_group
@@ -46,42 +45,21 @@ from pin_pipelines.devstats.dim import groups, labels
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, ensure_topics
-from tests.support.devstats import Group, committed, physical_rows, produce_events
+from tests.support.devstats import (
+    Group,
+    commit_group,
+    committed,
+    end_offsets,
+    physical_rows,
+    produce_events,
+)
+from tests.support.devstats_dagster import load_config, metadata_of
 
 METADATA_KEYS = {"consumed", "inserted", "skipped_stale", "dead_lettered", "consumer_lag"}
 FRESHNESS_KEYS = {"freshness_p50_seconds", "freshness_p99_seconds", "freshness_max_seconds"}
 
 
-def load_config(budget: float) -> dict[str, Any]:
-    """A short run: the load is continuous, the run ends at its budget."""
-    return {"ops": {"dim_layout_group": {"config": {"budget_seconds": budget}}}}
-
-
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4()}"})
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        return {
-            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
-            for p in partitions
-        }
-    finally:
-        consumer.close()
-
-
-def commit_group(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
-    """Move `group` to `offsets` the way the loader commits (explicit offsets, no membership)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        done = consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
-        )
-        assert all(tp.error is None for tp in done or []), done
-    finally:
-        consumer.close()
 
 
 def produce_old(
@@ -99,10 +77,6 @@ def produce_old(
     )
     assert producer.flush(15) == 0 and placed
     return placed[0]
-
-
-def metadata_of(event: Any) -> dict[str, Any]:
-    return {key: getattr(value, "value", value) for key, value in event.metadata.items()}
 
 
 @pytest.fixture
@@ -126,40 +100,6 @@ def contract_topic(
         end_offsets(kafka_bootstrap, TOPIC_LAYOUT_GROUP),
     )
     return TOPIC_LAYOUT_GROUP
-
-
-@pytest.fixture
-def private_topic(
-    chdb_url: str,
-    kafka_bootstrap: str,
-    pg_dsn: str,
-    loader_options: LoadOptions,
-    monkeypatch: pytest.MonkeyPatch,
-) -> LoadOptions:
-    """The sensor and the backfill job aimed at a topic and group of this test alone."""
-    monkeypatch.setenv("PIN_CLICKHOUSE_URL", chdb_url)
-    monkeypatch.setattr(
-        devstats_sensors,
-        "unloaded_events",
-        functools.partial(
-            freshness.unloaded_events, topic=loader_options.topic, group=loader_options.group
-        ),
-    )
-    monkeypatch.setattr(
-        devstats_jobs, "backfill", functools.partial(loader.backfill, options=loader_options)
-    )
-    aimed = functools.partial(
-        dataclasses.replace,
-        topic=loader_options.topic,
-        group=loader_options.group,
-        dlq_topic=loader_options.dlq_topic,
-    )
-    monkeypatch.setattr(
-        devstats_assets,
-        "load_continuously",
-        lambda settings, options: loader.load_continuously(settings, aimed(options)),
-    )
-    return loader_options
 
 
 # --- the asset and its freshness check ------------------------------------------------------

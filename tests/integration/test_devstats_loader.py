@@ -30,18 +30,19 @@ from pin_pipelines.devstats.loader import LoadOptions, backfill, load_once
 from pin_pipelines.devstats.offsets import commit_offsets, no_longer_a_member
 from pin_pipelines.devstats.replay import IdRange
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
-from tests.integration.clickhouse_fixtures import (
+from tests.support.answer_cutter import AnswerCutter
+from tests.support.clickhouse import (
     ENGINES,
     engine_url,
     optimize_dimension,
     server_url,
     settings_for,
 )
-from tests.integration.test_devstats_dagster import commit_group, end_offsets
-from tests.support.answer_cutter import AnswerCutter
 from tests.support.devstats import (
     Group,
+    commit_group,
     committed,
+    end_offsets,
     physical_rows,
     produce,
     produce_events,

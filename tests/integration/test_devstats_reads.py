@@ -21,10 +21,10 @@ from pin_pipelines.clickhouse import ClickHouse, migrate_clickhouse, open_clickh
 from pin_pipelines.clickhouse.url import ServerAddress, parse_clickhouse_url
 from pin_pipelines.devstats.dim import QUERIES, groups, insert_events, labels, stored_versions
 from pin_pipelines.devstats.events import parse_event
-from tests.integration.clickhouse_fixtures import optimize_dimension, server_url
 from tests.support.answer_cutter import AnswerCutter
 from tests.support.api import api_client
 from tests.support.cli import run_pin, summary
+from tests.support.clickhouse import optimize_dimension, server_url
 from tests.support.devstats import BASE_TIME, Group, physical_rows
 from tests.support.idp import IdentityProvider
 

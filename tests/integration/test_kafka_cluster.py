@@ -1,9 +1,10 @@
-"""Kafka as a production cluster, on a private 3-node KRaft cluster of this module:
-replicated topics and the migrate check, the relay and the loaders across a broker killed with
-SIGKILL, two loaders splitting the partitions through a rebalance.
+"""Kafka as a production cluster, on the session's private 3-node KRaft cluster: replicated
+topics and the migrate check, the relay and the loaders across a broker killed with SIGKILL, two
+loaders splitting the partitions through a rebalance.
 
-The cluster is this module's own (never the shared broker on 9092): started once (~20 s on two
-cores), every node stopped and reaped at the end. Nodes killed by a test are started again by it.
+The cluster is the session's own (tests/support/kafka_cluster.py; never the shared broker on
+9092): started once (~20 s on two cores) and reset for this module, every node stopped and reaped
+at the session's end. Nodes killed by a test are started again by it.
 """
 
 from __future__ import annotations
@@ -17,29 +18,16 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import (
-    ConsumerGroupState,
-    ElectionType,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Producer
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats.dim import groups
-from pin_pipelines.devstats.offsets import (
-    DEFAULT_GROUP,
-    commit_offsets,
-    committed_offsets,
-    kafka_consumer,
-)
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import (
     ALL_TOPICS,
@@ -48,121 +36,32 @@ from pin_pipelines.kafka import (
     TopicPolicy,
     admin,
     check_topics,
-    ensure_topics,
 )
 from pin_pipelines.migrate import migrate_all
 from pin_pipelines.relay import topic_end_offsets as end_offsets
-from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
-from pin_pipelines.stack.process import free_port_run, read_pid, wait_until
-from tests.integration.test_outbox_relay import ROOT, TOPICS, outbox_count
-from tests.integration.test_relay_exactly_once import assert_exactly_once_in_order, backlog
-from tests.support.cli import PIN, assert_one_line_error
-from tests.support.devstats import Group
+from pin_pipelines.stack.process import wait_until
+from tests.support.cli import PIN, assert_one_line_error, finish, load_summary, stop_all
+from tests.support.devstats import Group, coordinator, group_at_end, group_offsets, shares
 from tests.support.history import check, outbox_history, read_committed
-
-NODES = 3
-#: The loaders' dimension: the test stack's ClickHouse server (groups of random ids).
-CLICKHOUSE_URL = "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
-    root = tmp_path_factory.mktemp("kafka-cluster")
-    nodes = LocalKafkaCluster(
-        Settings.from_env(
-            {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port_run(6)}"}
-        ),
-        NODES,
-    )
-    shared_jars = LocalKafka(Settings.from_env()).libs
-    nodes.root.mkdir(parents=True)
-    if shared_jars.exists():
-        nodes.libs.symlink_to(shared_jars)
-    try:
-        nodes.up()
-        ensure_topics(nodes.bootstrap, ALL_TOPICS, TopicPolicy())
-        wait_until(
-            lambda: answers_offsets(nodes.bootstrap),
-            timeout=60,
-            what="a leader for every partition of the new topics",
-        )
-        yield nodes
-    finally:
-        # SIGKILL, not `down`: the data is thrown away, and the last node of a quorum waits out
-        # its 30 s grace before it gives up a controlled shutdown.
-        for node_id in range(1, NODES + 1):
-            kill_node(nodes, node_id)
-
-
-def answers_offsets(bootstrap: str) -> bool:
-    try:
-        end_offsets(bootstrap, list(ALL_TOPICS))
-    except PinError:
-        return False
-    return True
-
-
-def _reap(pid: int | None) -> None:
-    if pid is not None:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-
-
-def leader(bootstrap: str, topic: str, partition: int) -> int:
-    return int(
-        admin(bootstrap).list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
-    )
-
-
-def kill_node(cluster: LocalKafkaCluster, node_id: int) -> None:
-    """SIGKILL: no controlled shutdown, no leadership handed over (a no-op on a dead node)."""
-    pid = read_pid(cluster.nodes[node_id - 1].pidfile)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
-        _reap(pid)
-
-
-def restore(cluster: LocalKafkaCluster) -> None:
-    """Start the killed nodes again, wait until every partition has its 3 replicas in sync, and
-    give the preferred replicas their leadership back (the broker does it only every 5 minutes):
-    each test then meets a cluster whose every node leads partitions."""
-    cluster.up()
-
-    def in_sync() -> bool:
-        topics = admin(cluster.bootstrap).list_topics(timeout=5).topics
-        return all(len(p.isrs) == NODES for t in ALL_TOPICS for p in topics[t].partitions.values())
-
-    wait_until(in_sync, timeout=90, what="the replicas back in sync")
-    client = admin(cluster.bootstrap)
-    with contextlib.suppress(KafkaException):  # every partition led by its preferred one
-        client.elect_leaders(ElectionType.PREFERRED, None).result(timeout=30)
-    wait_until(lambda: answers_offsets(cluster.bootstrap), timeout=60, what="the new leaders")
+from tests.support.kafka_cluster import (
+    CLICKHOUSE_URL,
+    NODES,
+    cluster_settings,
+    continuous_load,
+    env_of,
+    kill_node,
+    leader,
+    restore,
+)
+from tests.support.outbox import TOPICS, backlog, outbox_count
+from tests.support.recalc import REPO_ROOT as ROOT
+from tests.support.relay import assert_exactly_once_in_order
 
 
 @pytest.fixture
 def settings(cluster: LocalKafkaCluster, pg_dsn: str, tmp_path: os.PathLike[str]) -> Settings:
-    return Settings.from_env(
-        {
-            "PIN_PG_DSN": pg_dsn,
-            "PIN_KAFKA_BOOTSTRAP": cluster.bootstrap,
-            "PIN_CLICKHOUSE_URL": CLICKHOUSE_URL,
-            "PIN_STATE_DIR": str(tmp_path),
-            "PIN_RELAY_TRANSACTIONAL_ID": f"pin-outbox-relay-kcluster-{uuid.uuid4().hex[:8]}",
-        }
-    )
-
-
-def env_of(settings: Settings) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PIN_PG_DSN": settings.pg_dsn,
-        "PIN_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "PIN_CLICKHOUSE_URL": settings.clickhouse_url,
-        "PIN_STATE_DIR": str(settings.state_dir),
-        "PIN_RELAY_TRANSACTIONAL_ID": settings.relay_transactional_id,
-        "PIN_DEVSTATS_MAX_LOAD_RUNS": "2",
-    }
+    return cluster_settings(cluster, pg_dsn, tmp_path)
 
 
 def test_topics_are_replicated_and_migrate_refuses_weaker_ones(
@@ -339,24 +238,6 @@ def produce_groups(
     return delivered
 
 
-def group_offsets(bootstrap: str) -> dict[int, int]:
-    """The loader group's committed offsets (a coordinator being moved is waited for)."""
-    with kafka_consumer(bootstrap, DEFAULT_GROUP) as reader:
-        found = committed_offsets(reader, TOPIC_LAYOUT_GROUP, range(6))
-    return {tp.partition: tp.offset for tp in found}
-
-
-def group_at_end(bootstrap: str) -> dict[int, int]:
-    """Commit the topic's end offsets for the loader group (empty between tests): what other tests
-    of the module published is not this test's. Returns them."""
-    ends = end_offsets(bootstrap, [TOPIC_LAYOUT_GROUP])[TOPIC_LAYOUT_GROUP]
-    with kafka_consumer(bootstrap, DEFAULT_GROUP) as committer:
-        commit_offsets(
-            committer, [TopicPartition(TOPIC_LAYOUT_GROUP, p, o) for p, o in ends.items()]
-        )
-    return ends
-
-
 def stored_versions(developer: uuid.UUID) -> dict[str, int]:
     """Each group's highest stored Version, merged or not (what the guard compares against)."""
     with open_clickhouse(CLICKHOUSE_URL) as ch:
@@ -400,24 +281,6 @@ def assert_loaded_exactly(bootstrap: str, developer: uuid.UUID, sent: Delivered)
     assert rows == [], f"versions stored twice: {rows[:3]}"
 
 
-def describe_group(bootstrap: str) -> Any:
-    """The loader group as its coordinator sees it (the client is kept until the answer: a
-    collected AdminClient fails its futures)."""
-    client = admin(bootstrap)
-    [future] = client.describe_consumer_groups([DEFAULT_GROUP]).values()
-    return future.result(timeout=15)
-
-
-def coordinator(bootstrap: str) -> int:
-    """The node coordinating the loader group (it also leads partitions of the topic)."""
-    return int(describe_group(bootstrap).coordinator.id)
-
-
-def group_state(bootstrap: str) -> ConsumerGroupState:
-    state: ConsumerGroupState = describe_group(bootstrap).state
-    return state
-
-
 def paused_load(
     settings: Settings, target: int, tmp_path: Path
 ) -> tuple[subprocess.Popen[str], Path, Path]:
@@ -451,32 +314,6 @@ def wait_paused(process: subprocess.Popen[str], marker: Path) -> dict[int, int]:
     assert process.poll() is None, f"the loader ended before its pause: {process.communicate()}"
     time.sleep(0.1)  # the marker's text is written
     return {int(p): o for p, o in json.loads(marker.read_text()).items()}
-
-
-def finish(process: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Wait for a `pin` process; one that outlives `timeout` is killed and reported hung."""
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        raise AssertionError(
-            f"{process.args!r:.80} still running {timeout:.0f}s later; stderr: {err[-600:]!r}"
-        ) from None
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def load_summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert done.returncode == 0, done.stderr[-600:]
-    summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return summary
-
-
-def stop_all(*processes: subprocess.Popen[str]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 def test_loader_with_the_group_coordinator_killed_mid_cycle_ends_exact(
@@ -520,22 +357,6 @@ def test_loader_with_the_group_coordinator_killed_mid_cycle_ends_exact(
     assert_loaded_exactly(cluster.bootstrap, developer, sent)
     # Two brokers of three still serve every partition: the run across the kill should succeed.
     assert load_summary(first)["complete"]
-
-
-def continuous_load(settings: Settings) -> subprocess.Popen[str]:
-    """`pin devstats load`: a continuous loader of the group, until SIGTERM."""
-    return subprocess.Popen(
-        [PIN, "devstats", "load"], env=env_of(settings),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-
-
-def shares(bootstrap: str) -> list[set[int]]:
-    """The topic's partitions each member of the loader group holds (none while rebalancing)."""
-    return [
-        {tp.partition for tp in member.assignment.topic_partitions}
-        for member in describe_group(bootstrap).members
-    ]
 
 
 def test_two_continuous_loaders_split_the_partitions_through_a_rebalance(

@@ -3,8 +3,8 @@ partition cut off from the other two brokers, not killed, while `pin outbox rela
 from the outbox and two `pin devstats load` consume into the ClickHouse server's dimension; then
 healed. A Jepsen-style checker (tests/support/history.py) reads the whole history, every outbox
 event → Kafka read_committed → `dim_layout_group`, and finds nothing lost, duplicated, reordered,
-stale or unexpected. The cluster is test_kafka_cluster.py's module fixture, started again for
-this module.
+stale or unexpected. The cluster is the session's private one (tests/support/kafka_cluster.py),
+reset for this module.
 
 How one broker is cut off on loopback (all three JVMs listen on 127.0.0.1, so a port rule cuts
 the clients too). Evaluated:
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import struct
@@ -87,26 +88,9 @@ from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.outbox import DELIVERY_TIMEOUT
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.process import read_pid, wait_until
-from tests.integration.test_kafka_cluster import (  # noqa: F401 (cluster, settings: fixtures)
-    CLICKHOUSE_URL,
-    cluster,
-    continuous_load,
-    coordinator,
-    env_of,
-    finish,
-    group_at_end,
-    group_offsets,
-    leader,
-    load_summary,
-    restore,
-    settings,
-    shares,
-    stop_all,
-)
-from tests.integration.test_outbox_relay import outbox_count
 from tests.support.blackhole import Isolation, Peer, blackhole, isolate
-from tests.support.cli import PIN
-from tests.support.devstats import Group
+from tests.support.cli import PIN, finish, load_summary, stop_all
+from tests.support.devstats import Group, coordinator, group_at_end, group_offsets, shares
 from tests.support.history import (
     LiveReader,
     Read,
@@ -117,6 +101,15 @@ from tests.support.history import (
     read_committed,
     write_outbox,
 )
+from tests.support.kafka_cluster import (
+    CLICKHOUSE_URL,
+    cluster_settings,
+    continuous_load,
+    env_of,
+    leader,
+    restore,
+)
+from tests.support.outbox import outbox_count
 
 #: Alone on the machine: it cuts ports with iptables (a rule cuts every session using the port).
 pytestmark = pytest.mark.alone
@@ -132,6 +125,11 @@ KEYS = 300
 #: Writes go on this long after the heal, then stop; everything must then arrive within SETTLE.
 AFTER_HEAL_SECONDS = 3.0
 SETTLE_SECONDS = 120.0
+
+
+@pytest.fixture
+def settings(cluster: LocalKafkaCluster, pg_dsn: str, tmp_path: os.PathLike[str]) -> Settings:
+    return cluster_settings(cluster, pg_dsn, tmp_path)
 
 
 class OutboxWriter:
@@ -349,8 +347,8 @@ def pipeline(config: Settings) -> Iterator[list[subprocess.Popen[str]]]:
 )
 def test_a_leader_cut_off_from_the_other_brokers_loses_duplicates_reorders_nothing(
     clients_reach_it: bool,
-    cluster: LocalKafkaCluster,  # noqa: F811 (the fixture imported above)
-    settings: Settings,  # noqa: F811
+    cluster: LocalKafkaCluster,
+    settings: Settings,
     outbox: psycopg.Connection,
 ) -> None:
     """Tried: layout-group events of 300 groups written to the outbox at 200 events/s (each

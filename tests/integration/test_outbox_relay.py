@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 from confluent_kafka.admin import NewTopic
 from psycopg.types.json import Jsonb
 
@@ -38,8 +38,9 @@ from pin_pipelines.kafka import (
 from pin_pipelines.relay import relay_lag, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.outbox import Q
+from tests.support.outbox import TOPICS, insert, outbox_count, payload
+from tests.support.relay import consume, consume_messages
 
-TOPICS = [TOPIC_PROJECT, TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP]
 ENVELOPE = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
 CONTRACT_FIELDS = {  # contract section 4
     TOPIC_PROJECT: [*ENVELOPE, "TenantId", "Name", "Status", "PriceMin", "PriceMax",
@@ -49,111 +50,6 @@ CONTRACT_FIELDS = {  # contract section 4
                          "LayoutsCount", "AreaMin", "AreaMax"],
 }  # fmt: skip
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def payload(topic: str, key: str, version: int, **fields: Any) -> dict[str, Any]:
-    """A snapshot event as the recalc writes it (jsonb_build_object of the contract fields)."""
-    entity: dict[str, Any] = {
-        TOPIC_PROJECT: {
-            "TenantId": str(uuid.uuid4()), "Name": "ЖК Северный", "Status": "Published",
-            "PriceMin": 5250000.5, "PriceMax": None, "PropertyObjectsTotalCount": 12,
-            "PropertyObjectsFreeCount": 3,
-        },
-        TOPIC_LAYOUT: {
-            "ProjectId": str(uuid.uuid4()), "LayoutGroupId": None, "Name": "2К-54",
-            "TotalArea": 54.3, "PropertyObjectsCount": 7,
-        },
-        TOPIC_LAYOUT_GROUP: {
-            "ProjectId": str(uuid.uuid4()), "TenantId": str(uuid.uuid4()), "Name": "Студии",
-            "SortOrder": 2, "IsArchived": False, "LayoutsCount": 4, "AreaMin": 21.5,
-            "AreaMax": None,
-        },
-    }[topic]  # fmt: skip
-    envelope: dict[str, Any] = {
-        "ContractVersion": 1,
-        "EventId": str(uuid.uuid4()),
-        "CreatedAt": "2025-01-31T10:20:30.123Z",
-        "Id": key,
-        "Version": version,
-    }
-    return envelope | entity | fields
-
-
-def insert(conn: psycopg.Connection, rows: list[tuple[str, str, Any]]) -> list[int]:
-    """(topic, message_key, payload) rows in this order; returns their outbox ids."""
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO chessboard.outbox_events (topic, message_key, payload)"
-            " VALUES (%s, %s, %s) RETURNING id",
-            [(t, k, Jsonb(p)) for t, k, p in rows],
-            returning=True,
-        )
-        ids = []
-        while True:
-            ids.append(cur.fetchone()[0])  # type: ignore[index]
-            if not cur.nextset():
-                return ids
-
-
-def outbox_count(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT count(*) FROM chessboard.outbox_events").fetchone()[0]  # type: ignore[index]
-
-
-def consume(
-    bootstrap: str,
-    start: dict[str, dict[int, int]],
-    keys: set[str],
-    isolation: str = "read_committed",
-) -> list[tuple[str, str, bytes]]:
-    """(topic, key, value) of `keys` from `start` to the current end (see consume_messages)."""
-    return [
-        (str(m.topic()), bytes(m.key() or b"").decode(), bytes(m.value() or b""))
-        for m in consume_messages(bootstrap, start, keys, isolation)
-    ]
-
-
-def consume_messages(
-    bootstrap: str,
-    start: dict[str, dict[int, int]],
-    keys: set[str],
-    isolation: str = "read_committed",
-) -> list[Message]:
-    """The messages of `keys` from `start` to the current end, in offset order per partition,
-    as a consumer of this isolation level sees them. A partition is read when the consumer
-    reports its end there: commit markers take offsets but are never handed out, and a
-    read_committed consumer skips aborted transactions' messages, so offsets cannot tell."""
-    end = end_offsets(bootstrap, list(start))
-    remaining = {
-        (t, p): end[t][p] for t, parts in start.items() for p, o in parts.items() if end[t][p] > o
-    }
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-relay-{uuid.uuid4()}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(t, p, start[t][p]) for t, p in remaining])
-    found: list[Message] = []
-    deadline = time.monotonic() + 30
-    try:
-        while remaining and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=1):
-                tp = (str(msg.topic()), int(msg.partition() or 0))
-                error = msg.error()
-                if error is not None:
-                    assert error.code() == KafkaError._PARTITION_EOF, error
-                    if int(msg.offset() or 0) >= remaining.get(tp, 0):
-                        remaining.pop(tp, None)
-                    continue
-                if bytes(msg.key() or b"").decode() in keys:
-                    found.append(msg)
-    finally:
-        consumer.close()
-    assert not remaining, f"did not reach the end offsets of {remaining}"
-    return found
 
 
 @pytest.fixture

@@ -25,22 +25,16 @@ from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.clickhouse_fixtures import server_url
-from tests.integration.test_devstats_continuous import (  # noqa: F401 (a fixture)
-    chdb_folder_url,
-    loader_env,
-    loaders,
-    versions,
-    wait_for,
-)
-from tests.integration.test_outbox_relay import TOPICS, outbox_count
-from tests.integration.test_relay_exactly_once import assert_exactly_once_in_order, backlog
 from tests.support.blackhole import Direction, blackhole
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.cli import run_pin, summary
+from tests.support.clickhouse import server_url
 from tests.support.devstats import Group, produce_events
+from tests.support.loaders import loader_env, loaders, versions, wait_for
+from tests.support.outbox import TOPICS, backlog, outbox_count
 from tests.support.pg import dbname
 from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slow_recalc
+from tests.support.relay import assert_exactly_once_in_order
 from tests.support.truth import drift
 
 #: Alone on the machine: it cuts ports with iptables (a rule cuts every session using the port).
@@ -153,7 +147,7 @@ KAFKA_PARTITION_SECONDS = 30.0
 )
 def test_a_continuous_loader_rides_out_a_kafka_partition_with_no_operator(
     join_timeout: float | None,
-    chdb_folder_url: str,  # noqa: F811 (the fixture imported above)
+    chdb_folder_url: str,
     loader_options: LoadOptions,
     kafka_bootstrap: str,
     pg_dsn: str,

@@ -13,8 +13,8 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.conftest import CHESSBOARD_TABLES
 from tests.support.chessboard import make_building, make_layout, make_layout_group, make_project
+from tests.support.database import CHESSBOARD_TABLES
 from tests.support.recalc import drain_all, queued_projects
 from tests.support.truth import actual_aggregates, drift, expected_aggregates
 

@@ -34,13 +34,7 @@ from pin_pipelines.reconcile import (
     reconcile,
     versions_behind,
 )
-from tests.support.chessboard import (
-    make_building,
-    make_layout,
-    make_layout_group,
-    make_object,
-    make_project,
-)
+from tests.support.chessboard import make_layout_group, make_object, small_project
 from tests.support.recalc import drain_until_empty
 
 DIM = "pin_dev_stats.dim_layout_group"
@@ -53,31 +47,6 @@ def cells(drift_rows: list) -> set[tuple[str, UUID, str, str | None, str | None]
     return {
         (r.entity, r.id, r.column, r.as_dict()["stored"], r.as_dict()["expected"])
         for r in drift_rows
-    }
-
-
-def small_project(conn: psycopg.Connection) -> dict[str, UUID]:
-    """Building, two groups with layouts, and objects of every status (one soft-deleted)."""
-    project = make_project(conn)
-    building = make_building(conn, project)
-    studios = make_layout_group(conn, project, "Студии")
-    lux = make_layout_group(conn, project, "Люкс с видом на море")
-    small = make_layout(conn, project, studios, Decimal("25.5"))
-    make_layout(conn, project, studios, Decimal("31.0"))
-    big = make_layout(conn, project, lux, Decimal("120.0"))
-    make_object(conn, project, building, small, status="Free", price=1000)
-    make_object(conn, project, building, small, status="Free", price=3000)
-    make_object(conn, project, building, big, status="Sold", price=9000)
-    make_object(conn, project, building, big, status="Hidden", price=5)
-    gone = make_object(conn, project, building, small, status="Free", price=10)
-    conn.execute("UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (gone,))
-    return {
-        "project": project,
-        "building": building,
-        "studios": studios,
-        "lux": lux,
-        "small": small,
-        "big": big,
     }
 
 

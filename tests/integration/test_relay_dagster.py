@@ -23,24 +23,14 @@ from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP
 from pin_pipelines.relay import OutboxRelay
 from pin_pipelines.relay import topic_end_offsets as end_offsets
-from tests.integration.test_outbox_relay import (
-    TOPICS,
-    consume,
-    insert,
-    outbox_count,
-    payload,
-)
+from tests.support.outbox import TOPICS, insert, outbox_count, payload
+from tests.support.relay import consume, relay_config
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.ephemeral() as inst:
         yield inst
-
-
-def relay_config(budget: float = 2.0) -> dict[str, Any]:
-    """A short run: the relay is continuous, the job ends at its budget."""
-    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget, "poll_seconds": 0.1}}}}
 
 
 def metadata_of(event: Any) -> dict[str, Any]:

@@ -20,8 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,19 +33,12 @@ from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.outbox import DELIVERY_TIMEOUT
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_outbox_relay import (
-    ROOT,
-    TOPICS,
-    consume,
-    insert,
-    outbox_count,
-    payload,
-)
 from tests.support.cli import PIN, assert_one_line_error
+from tests.support.outbox import TOPICS, backlog, outbox_count
 from tests.support.pg import dbname
 from tests.support.private_kafka import kill_broker, restart_broker, stop_broker
-
-Offsets = dict[str, dict[int, int]]
+from tests.support.recalc import REPO_ROOT as ROOT
+from tests.support.relay import Offsets, assert_exactly_once_in_order, consume
 
 
 @pytest.fixture
@@ -82,43 +73,6 @@ def relay_env(settings: Settings) -> dict[str, str]:
 def start(outbox: psycopg.Connection, settings: Settings) -> Offsets:
     """End offsets on the private broker before the test: what the test reads from."""
     return end_offsets(settings.kafka_bootstrap, TOPICS)
-
-
-def backlog(conn: psycopg.Connection, keys: int, versions: int) -> dict[str, list[str]]:
-    """`keys` entities spread over the three topics, versions 1..`versions` each, inserted
-    version-major (consecutive ids belong to different keys, as in a busy drain). Returns the
-    EventIds per key."""
-    entities = [(TOPICS[i % len(TOPICS)], str(uuid.uuid4())) for i in range(keys)]
-    rows = [
-        (topic, key, payload(topic, key, version))
-        for version in range(1, versions + 1)
-        for topic, key in entities
-    ]
-    insert(conn, rows)
-    events: dict[str, list[str]] = defaultdict(list)
-    for _, key, body in rows:
-        events[key].append(body["EventId"])
-    return events
-
-
-def assert_exactly_once_in_order(
-    bootstrap: str, start: Offsets, events: dict[str, list[str]]
-) -> list[tuple[str, str, bytes]]:
-    """What a read_committed consumer of each topic sees: every event once, and per key the
-    Version strictly increasing in offset order. Returns the messages."""
-    messages = consume(bootstrap, start, set(events))
-    seen = Counter(json.loads(value)["EventId"] for _, _, value in messages)
-    expected = Counter(event_id for ids in events.values() for event_id in ids)
-    assert seen == expected, (
-        f"{sum(1 for e in expected if e not in seen)} events missing,"
-        f" {sum(n - 1 for n in seen.values() if n > 1)} duplicates"
-    )
-    versions: dict[str, list[int]] = defaultdict(list)
-    for _, key, value in messages:
-        versions[key].append(json.loads(value)["Version"])
-    broken = {k: v for k, v in versions.items() if v != sorted(set(v))}
-    assert not broken, f"Version not strictly increasing for {len(broken)} keys: {broken}"
-    return messages
 
 
 def published_counter(conn: psycopg.Connection) -> int:

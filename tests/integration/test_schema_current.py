@@ -29,7 +29,7 @@ import pytest
 
 from pin_pipelines.config import dsn_with_dbname
 from pin_pipelines.migrate import PG_SCHEMA, PG_SCHEMA_FILES, apply_schema_files, migrate_postgres
-from tests.integration.conftest import TEST_PG_DSN
+from tests.support.database import TEST_PG_DSN
 
 SCHEMA = "chessboard"
 

@@ -3,9 +3,10 @@ and the long-lived load run (5 minutes each) are in flight ends with those runs
 succeeded, no new run launched and no run in FAILURE, on a real daemon, webserver and
 PostgreSQL-backed instance.
 
-The Kafka broker is this module's own (test_relay_exactly_once's fixture): the load run joins the
-loader's consumer group, which on the shared broker is the group of every other `pin serve` on
-the machine (benchmarks, other sessions), and would take partitions from their loaders."""
+The Kafka broker is the session's private one (tests/support/private_kafka.py): the load run
+joins the loader's consumer group, which on the shared broker is the group of every other `pin
+serve` on the machine (benchmarks, other sessions), and would take partitions from their
+loaders."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import pytest
-from dagster_shared.error import SerializableErrorInfo
 
 from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_kafka_cluster import shares
 from tests.support.chessboard import make_building, make_object, make_project
+from tests.support.devstats import shares
 from tests.support.recalc import PIN, REPO_ROOT, sleeping_backends, slow_recalc
-from tests.support.serve import kill_session, serve_env, session_processes, start_serve
+from tests.support.serve import (
+    failure_messages,
+    kill_session,
+    serve_env,
+    session_processes,
+    start_serve,
+)
 
 #: How long the drain's recalc of one project takes (a test trigger): longer than `pin serve`
 #: takes to stop its daemon when it does not wait, so a stop that left the drain behind fails.
@@ -178,7 +184,7 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
                     for run_id in in_flight["dim_layout_group_job"]
                 }
                 failures = [
-                    (run.job_name, e.message, _failure_messages(e.dagster_event))
+                    (run.job_name, e.message, failure_messages(e.dagster_event))
                     for run_id, run in runs.items()
                     if run.status != dg.DagsterRunStatus.SUCCESS
                     for e in instance.all_logs(run_id)
@@ -209,20 +215,3 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     assert took < GRACE_SECONDS, stderr[-3000:]
     assert list(load_events.values()) == [["ASSET_MATERIALIZATION"]], load_events
     assert not (home / STOPPING_MARKER).exists()
-
-
-def _failure_messages(event: dg.DagsterEvent) -> list[str]:
-    """A step's or a run's failure, cause by cause."""
-    if event.is_step_failure:
-        return _error_messages(event.step_failure_data.error)
-    return _error_messages(getattr(event.event_specific_data, "error", None))
-
-
-def _error_messages(error: SerializableErrorInfo | None) -> list[str]:
-    """What a step failure says, cause by cause, without the stacks (a stack's tail hid the
-    Kafka error of a CI failure)."""
-    messages = []
-    while error is not None:
-        messages.append(error.message.strip())
-        error = error.cause
-    return messages

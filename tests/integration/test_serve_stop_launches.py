@@ -7,8 +7,8 @@ context"). The stop canceled the runs queued once, at its start, then waited onl
 already launched: a run submitted by a tick evaluated just before the stop, or one the daemon was
 dequeuing while it was canceled, was launched on a daemon and code server being stopped.
 
-The Kafka broker is this module's own (test_relay_exactly_once's fixture): each start's load run
-joins the loader's consumer group, which on the shared broker other `pin serve`s use."""
+The Kafka broker is the session's private one (tests/support/private_kafka.py): each start's load
+run joins the loader's consumer group, which on the shared broker other `pin serve`s use."""
 
 from __future__ import annotations
 

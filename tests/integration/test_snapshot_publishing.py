@@ -17,7 +17,6 @@ from pin_pipelines.clickhouse import ClickHouse, open_clickhouse
 from pin_pipelines.devstats.dim import groups, labels
 from pin_pipelines.devstats.loader import LoadOptions
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
-from tests.integration.test_devstats_continuous import loader_env, loaders, wait_for
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -26,6 +25,7 @@ from tests.support.chessboard import (
     make_project,
 )
 from tests.support.cli import run_pin, summary
+from tests.support.loaders import loader_env, loaders, wait_for
 from tests.support.recalc import (
     drain_all,
     drain_until_empty,

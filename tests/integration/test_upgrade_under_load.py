@@ -34,8 +34,6 @@ from pin_pipelines.relay import topic_end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.postgres import LocalPostgres
 from pin_pipelines.stack.process import free_port, wait_until
-from tests.integration.test_changelogs import _without_topics
-from tests.integration.test_serve_stop import _failure_messages
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -44,9 +42,16 @@ from tests.support.chessboard import (
     make_project,
 )
 from tests.support.history import Written, check, dimension_versions, read_committed
+from tests.support.private_kafka import without_topics
 from tests.support.recalc import PIN, REPO_ROOT, set_settings
 from tests.support.release import Release, install_release, newest_migration, previous_release
-from tests.support.serve import kill_session, serve_env, session_processes, start_serve
+from tests.support.serve import (
+    failure_messages,
+    kill_session,
+    serve_env,
+    session_processes,
+    start_serve,
+)
 from tests.support.truth import drift
 
 #: The contract's bound on a writer's wait behind a migration.
@@ -228,7 +233,7 @@ def _failed_runs(instance: dg.DagsterInstance) -> list[tuple[str, list[str]]]:
     """Every run of the instance (both releases') that ended FAILURE, with its failures."""
     failed = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     return [
-        (r.dagster_run.job_name, _failure_messages(e.dagster_event))
+        (r.dagster_run.job_name, failure_messages(e.dagster_event))
         for r in failed
         for e in instance.all_logs(r.dagster_run.run_id)
         if e.dagster_event and (e.dagster_event.is_step_failure or e.dagster_event.is_failure)
@@ -261,7 +266,7 @@ def test_migrate_under_the_previous_releases_workers_then_replace_them(
     edit's trigger was lost), and every snapshot event written reached Kafka exactly once and
     in Version order per key, the dimension at each group's last Version."""
     bootstrap = kafka.settings.kafka_bootstrap
-    _without_topics(bootstrap, ALL_TOPICS)  # the previous release makes its topics
+    without_topics(bootstrap, ALL_TOPICS)  # the previous release makes its topics
     chdb_url = f"chdb://{tmp_path / 'chdb'}"
     home = tmp_path / "dagster_home"
 

@@ -74,3 +74,28 @@ def make_all_due(conn: psycopg.Connection) -> None:
     conn.execute(
         "UPDATE chessboard.project_recalc_requests SET due_at = now() - interval '1 second'"
     )
+
+
+def small_project(conn: psycopg.Connection) -> dict[str, UUID]:
+    """Building, two groups with layouts, and objects of every status (one soft-deleted)."""
+    project = make_project(conn)
+    building = make_building(conn, project)
+    studios = make_layout_group(conn, project, "Студии")
+    lux = make_layout_group(conn, project, "Люкс с видом на море")
+    small = make_layout(conn, project, studios, Decimal("25.5"))
+    make_layout(conn, project, studios, Decimal("31.0"))
+    big = make_layout(conn, project, lux, Decimal("120.0"))
+    make_object(conn, project, building, small, status="Free", price=1000)
+    make_object(conn, project, building, small, status="Free", price=3000)
+    make_object(conn, project, building, big, status="Sold", price=9000)
+    make_object(conn, project, building, big, status="Hidden", price=5)
+    gone = make_object(conn, project, building, small, status="Free", price=10)
+    conn.execute("UPDATE chessboard.property_objects SET deleted_at = now() WHERE id = %s", (gone,))
+    return {
+        "project": project,
+        "building": building,
+        "studios": studios,
+        "lux": lux,
+        "small": small,
+        "big": big,
+    }

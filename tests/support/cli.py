@@ -1,4 +1,5 @@
-"""Run the installed `pin` command as a user would, and read its JSON summary."""
+"""Run the installed `pin` command as a user would, and read its JSON summary; wait for (or stop)
+`pin` processes a test started."""
 
 from __future__ import annotations
 
@@ -39,3 +40,29 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
     assert lines[0].startswith("pin"), lines[0]
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Wait for a `pin` process; one that outlives `timeout` is killed and reported hung."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(
+            f"{process.args!r:.80} still running {timeout:.0f}s later; stderr: {err[-600:]!r}"
+        ) from None
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def load_summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr[-600:]
+    summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def stop_all(*processes: subprocess.Popen[str]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()

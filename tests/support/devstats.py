@@ -1,4 +1,5 @@
-"""Layout-group events for the loader tests: built, produced to a real topic, read back."""
+"""Layout-group events for the loader tests: built, produced to a real topic, read back; a
+topic's end offsets and a group moved there; the loader's consumer group as Kafka sees it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from pin_pipelines.clickhouse import ClickHouse
-from pin_pipelines.kafka import client_config
+from pin_pipelines.devstats.offsets import (
+    DEFAULT_GROUP,
+    commit_offsets,
+    committed_offsets,
+    kafka_consumer,
+)
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, admin, client_config
+from pin_pipelines.relay import topic_end_offsets
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -156,3 +171,77 @@ def physical_rows(ch: ClickHouse, group_id: uuid.UUID) -> list[tuple[int, str]]:
             {"id": group_id},
         )
     )
+
+
+# --- offsets ----------------------------------------------------------------------------------
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4()}"})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def commit_group(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
+    """Move `group` to `offsets` the way the loader commits (explicit offsets, no membership)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        done = consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+        assert all(tp.error is None for tp in done or []), done
+    finally:
+        consumer.close()
+
+
+# --- the loader's group on the contract topic -------------------------------------------------
+
+
+def group_offsets(bootstrap: str) -> dict[int, int]:
+    """The loader group's committed offsets (a coordinator being moved is waited for)."""
+    with kafka_consumer(bootstrap, DEFAULT_GROUP) as reader:
+        found = committed_offsets(reader, TOPIC_LAYOUT_GROUP, range(6))
+    return {tp.partition: tp.offset for tp in found}
+
+
+def group_at_end(bootstrap: str) -> dict[int, int]:
+    """Commit the topic's end offsets for the loader group (empty between tests): what other tests
+    of the module published is not this test's. Returns them."""
+    ends = topic_end_offsets(bootstrap, [TOPIC_LAYOUT_GROUP])[TOPIC_LAYOUT_GROUP]
+    with kafka_consumer(bootstrap, DEFAULT_GROUP) as committer:
+        commit_offsets(
+            committer, [TopicPartition(TOPIC_LAYOUT_GROUP, p, o) for p, o in ends.items()]
+        )
+    return ends
+
+
+def describe_group(bootstrap: str) -> Any:
+    """The loader group as its coordinator sees it (the client is kept until the answer: a
+    collected AdminClient fails its futures)."""
+    client = admin(bootstrap)
+    [future] = client.describe_consumer_groups([DEFAULT_GROUP]).values()
+    return future.result(timeout=15)
+
+
+def coordinator(bootstrap: str) -> int:
+    """The node coordinating the loader group (it also leads partitions of the topic)."""
+    return int(describe_group(bootstrap).coordinator.id)
+
+
+def group_state(bootstrap: str) -> ConsumerGroupState:
+    state: ConsumerGroupState = describe_group(bootstrap).state
+    return state
+
+
+def shares(bootstrap: str) -> list[set[int]]:
+    """The topic's partitions each member of the loader group holds (none while rebalancing)."""
+    return [
+        {tp.partition for tp in member.assignment.topic_partitions}
+        for member in describe_group(bootstrap).members
+    ]

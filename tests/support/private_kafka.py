@@ -76,7 +76,8 @@ def reset_broker(broker: LocalKafka) -> None:
         for future in client.delete_consumer_groups(groups, request_timeout=15).values():
             future.result(timeout=15)
     topics = tuple(t for t in _listed(bootstrap) or () if not t.startswith("__"))
-    delete_topics(bootstrap, topics)
+    if topics:  # a new broker has none (and the admin client refuses an empty list)
+        delete_topics(bootstrap, topics)
     wait_until(
         lambda: not set(topics) & set(_listed(bootstrap) or topics),
         timeout=30,
@@ -84,6 +85,16 @@ def reset_broker(broker: LocalKafka) -> None:
     )
     ensure_topics(bootstrap, ALL_TOPICS)
     wait_for_leaders(broker)
+
+
+def without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
+    """Delete `topics` and wait until the broker no longer lists them."""
+    delete_topics(bootstrap, topics)
+    wait_until(
+        lambda: not set(topics) & set(admin(bootstrap).list_topics(timeout=10).topics),
+        timeout=30,
+        what="the topics deleted",
+    )
 
 
 def _listed(bootstrap: str) -> list[str] | None:

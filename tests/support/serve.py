@@ -9,7 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
+import dagster as dg
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+from dagster_shared.error import SerializableErrorInfo
 
 from pin_pipelines.config import dagster_pg_url_from
 from pin_pipelines.stack.process import free_port
@@ -97,3 +99,20 @@ def submit_run(client: DagsterGraphQLClient, job: str) -> bool:
     except DagsterGraphQLClientError:
         return False
     return True
+
+
+def failure_messages(event: dg.DagsterEvent) -> list[str]:
+    """A step's or a run's failure, cause by cause."""
+    if event.is_step_failure:
+        return _error_messages(event.step_failure_data.error)
+    return _error_messages(getattr(event.event_specific_data, "error", None))
+
+
+def _error_messages(error: SerializableErrorInfo | None) -> list[str]:
+    """What a step failure says, cause by cause, without the stacks (a stack's tail hid the
+    Kafka error of a CI failure)."""
+    messages = []
+    while error is not None:
+        messages.append(error.message.strip())
+        error = error.cause
+    return messages

@@ -1,6 +1,7 @@
 """ClickHouse fixtures (every path) and per-test Kafka topics for the dev-stats loader.
 
-Registered by tests/integration/conftest.py, which imports them. A missing service FAILS the test:
+Registered for every test by `pytest_plugins` in tests/conftest.py: a fixture starts nothing until
+a test asks for it, so tests/unit runs with no service up. A missing service FAILS the test:
 - the embedded engine: one chdb folder per test session, held open for the whole session (chdb
   serves one folder per process, so every in-process chdb user must take `chdb_url`);
 - the server: `PIN_TEST_CLICKHOUSE_SERVER_URL` (default the `pin stack up` server on port 9000);
@@ -39,6 +40,7 @@ from pin_pipelines.kafka import delete_topics, ensure_topics
 from pin_pipelines.stack.clickhouse_cluster import DEFAULT_CLUSTER, LocalClickHouseCluster
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.process import free_port
+from tests.support.cli import run_pin, summary
 
 SERVER_URL = os.environ.get(
     "PIN_TEST_CLICKHOUSE_SERVER_URL", "clickhouse://default@127.0.0.1:9000/pin_dev_stats"
@@ -132,6 +134,14 @@ def cluster_in_sync(cluster: LocalClickHouseCluster, timeout: float = 120.0) -> 
 @pytest.fixture(scope="session")
 def clickhouse_cluster_url(clickhouse_cluster: LocalClickHouseCluster) -> str:
     return clickhouse_cluster.url()
+
+
+@pytest.fixture
+def chdb_folder_url(tmp_path: Path, pg_dsn: str) -> str:
+    """A migrated embedded folder of this test (`pin db migrate`, as a user would)."""
+    url = f"chdb://{tmp_path / 'chdb'}"
+    summary(run_pin("db", "migrate", env={"PIN_CLICKHOUSE_URL": url}))
+    return url
 
 
 def engine_url(request: pytest.FixtureRequest) -> str:
