@@ -21,8 +21,9 @@ import pytest
 from tests.support.blackhole import remove_leftover_rules
 
 #: The parallel lanes' order of modules (bin/test runs the suite on pytest-xdist workers), and
-#: the fixtures of services the session starts for itself (available to every test module).
-pytest_plugins = ["tests.support.lanes", "tests.support.private_kafka"]
+#: the fixtures of services the session starts for itself (available to every test module): the
+#: private Kafka broker, and the secured estate of `pin stack up --secure`.
+pytest_plugins = ["tests.support.lanes", "tests.support.private_kafka", "tests.support.secured"]
 
 # --- process hygiene ------------------------------------------------------------------------------
 
