@@ -328,6 +328,8 @@ def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
     client = admin(bootstrap)
     present = _metadata(client, bootstrap).topics
     existing = [t for t in topics if t in present]
+    if not existing:  # the admin client refuses an empty list (ValueError)
+        return
     for topic, future in client.delete_topics(existing, operation_timeout=10).items():
         try:
             future.result(timeout=15)

@@ -59,6 +59,11 @@ def migrate_postgres(dsn: str, migrations_dir: Path = PG_MIGRATIONS) -> list[str
             f"({first_line(exc)}); run `pin db migrate` as the schema's owner (with CREATEROLE "
             'for the group roles, docs/production.md "PostgreSQL")'
         ) from exc
+    finally:
+        # yoyo's backend keeps its connection until the garbage collector finds it: a caller
+        # that goes on (the tests' template database, copied right after) would find the
+        # database still in use.
+        backend.connection.close()
     return pending
 
 

@@ -23,7 +23,9 @@ import pytest
 from tests.support.blackhole import remove_leftover_rules
 
 #: The parallel lanes' order of modules (bin/test runs the suite on pytest-xdist workers), and
-#: the fixtures of the services, shared or the session's own (available to every test module).
+#: the fixtures of the services, shared or the session's own (available to every test module):
+#: the test database, the shared and the private brokers, the private Kafka cluster, the
+#: ClickHouse paths, the secured estate of `pin stack up --secure`.
 pytest_plugins = [
     "tests.support.lanes",
     "tests.support.database",
@@ -32,6 +34,7 @@ pytest_plugins = [
     "tests.support.kafka_cluster",
     "tests.support.clickhouse",
     "tests.support.devstats_dagster",
+    "tests.support.secured",
 ]
 
 # --- process hygiene ------------------------------------------------------------------------------

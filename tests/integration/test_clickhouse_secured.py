@@ -5,7 +5,8 @@
 from PIN_CLICKHOUSE_PASSWORD_FILE. Each refusal ends a command in one line naming "ClickHouse at
 host:port" and the cause, well within 60 s, and no password is ever printed.
 
-One server for the module, started in a temporary folder and stopped by the fixture's finalizer.
+The server is the one of the session's secured estate (tests/support/secured.py), started once
+per session and met here as new: no database but `default` and `system`.
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from pin_pipelines.clickhouse import ClickHouseError, ServerAddress, open_clickhouse
+from pin_pipelines.clickhouse import ClickHouseError, open_clickhouse
 from pin_pipelines.config import Settings
 from pin_pipelines.devstats.dim import TABLE
 from pin_pipelines.devstats.events import COLUMNS, parse_event
 from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import delete_topics, ensure_topics
 from pin_pipelines.stack.clickhouse_server import READER, WRITER, LocalClickHouseServer
-from pin_pipelines.stack.process import free_port
 from pin_pipelines.stack.tls import LocalCA
 from tests.support.api import running_api
 from tests.support.cli import assert_one_line_error, run_pin, summary
@@ -55,18 +54,10 @@ class Secured:
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    """A private 18.16 server with TLS, its admin on a plaintext loopback port."""
-    server = LocalClickHouseServer(
-        ServerAddress("127.0.0.1", free_port(), "default", ""),
-        tmp_path_factory.mktemp("secured-clickhouse"),
-        tls_port=free_port(),
-    )
-    server.up()
-    try:
-        yield Secured(server, server.client_env(WRITER), server.client_env(READER))
-    finally:
-        server.down()
+def secured(secured_clickhouse: LocalClickHouseServer) -> Secured:
+    """An 18.16 server with TLS, its admin on a plaintext loopback port: the session estate's."""
+    server = secured_clickhouse
+    return Secured(server, server.client_env(WRITER), server.client_env(READER))
 
 
 @pytest.fixture(scope="module")

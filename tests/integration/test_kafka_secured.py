@@ -1,6 +1,7 @@
 """Kafka on a secured estate (contract section 8, PIN_KAFKA_CONFIG), against a real secured broker
-of this module (stack/secure_kafka.py: SASL_SSL SCRAM-SHA-512/256, SASL_SSL PLAIN, SSL with a
-client certificate), started in a temporary folder and stopped by the fixture's finalizer.
+(stack/secure_kafka.py: SASL_SSL SCRAM-SHA-512/256, SASL_SSL PLAIN, SSL with a client
+certificate): the one of the session's secured estate (tests/support/secured.py), started once
+per session and met here as new, no topic and no consumer group.
 
 Each listener carries the whole path: `pin db migrate` creates the topics, the relay publishes
 outbox events in Kafka transactions, the loader loads them into the session's embedded dimension
@@ -12,12 +13,11 @@ once the file is rewritten (successive runs; not under a running `pin serve`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -31,7 +31,6 @@ from pin_pipelines.devstats.loader import LoadOptions, load_once
 from pin_pipelines.kafka import ALL_TOPICS, TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, admin
 from pin_pipelines.kafka_properties import ENV, failure
 from pin_pipelines.relay import relay_once
-from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import read_pid, wait_until
 from pin_pipelines.stack.secure_kafka import CLIENTS, SecureKafka
 from tests.support.cli import PIN, assert_one_line_error, run_pin, summary
@@ -41,20 +40,9 @@ LOADER_GROUP = "test-secured-loader"
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
-    """One secured broker for the module, with the jars `pin stack up` fetched already."""
-    broker = SecureKafka(
-        tmp_path_factory.mktemp("secure-kafka"), LocalKafka(Settings.from_env()).libs
-    )
-    try:
-        broker.up()
-        yield broker
-    finally:
-        pid = read_pid(broker.node.pidfile)
-        broker.down()
-        if pid is not None:  # a child of this process (started detached): no zombie left
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+def secured(secured_kafka: SecureKafka) -> SecureKafka:
+    """The secured broker for the module: the session estate's, as new."""
+    return secured_kafka
 
 
 def secured_settings(pg_dsn: str, chdb_url: str, bootstrap: str, state: Path) -> Settings:

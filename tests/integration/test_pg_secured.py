@@ -1,6 +1,8 @@
-"""PostgreSQL on a secured estate (CONTRACT section 8), against one private server of this module:
-TLS only (a certificate of the local CA, `verify-full`), SCRAM passwords from a passfile, and an
-owner role that is no superuser (CREATEDB, CREATEROLE), as a managed PostgreSQL hands it out.
+"""PostgreSQL on a secured estate (CONTRACT section 8), against the secured server of the session's
+estate (tests/support/secured.py: started once per session, met here as new, only its owner and
+that owner's empty databases): TLS only (a certificate of the local CA, `verify-full`), SCRAM
+passwords from a passfile, and an owner role that is no superuser (CREATEDB, CREATEROLE), as a
+managed PostgreSQL hands it out.
 
 `pin db migrate` runs as that owner; every other command, a Dagster run and `pin serve` run as a
 login role holding only `pin_worker`, and `pin metrics serve` as one holding only `pin_reader`:
@@ -27,7 +29,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from
+from pin_pipelines.config import SOURCE_ROOT, dagster_pg_url_from
 from pin_pipelines.defs.recalc.jobs import recalc_drain_job
 from pin_pipelines.defs.resources import RESOURCES
 from pin_pipelines.errors import PinError
@@ -48,7 +50,8 @@ FAILURE_SECONDS = 60
 
 @dataclass(frozen=True)
 class Estate:
-    """The module's secured server, migrated by its owner, with the two login roles."""
+    """The module's secured server, migrated by its owner, with the two login roles; the state
+    folder of the module's commands."""
 
     server: LocalPostgres
     state_dir: Path
@@ -69,24 +72,19 @@ class Estate:
 
 
 @pytest.fixture(scope="module")
-def estate() -> Iterator[Estate]:
-    """The secured server up (initdb, TLS, SCRAM, the owner `pin` and its databases), stopped
-    whatever happens; `pin db migrate` run as the owner; the worker's and the reader's login
-    roles made by the owner (CREATEROLE) with passwords in the passfile. Its folder is not
-    pytest's (0700 up the path: the server's OS user could not reach its data)."""
-    root = Path(tempfile.mkdtemp(prefix="pin-secured-pg-"))
-    root.chmod(0o711)
-    settings = Settings.from_env(
-        {
-            "PIN_STATE_DIR": str(root),
-            "PIN_PG_DSN": f"postgresql://pin@127.0.0.1:{free_port()}/pin_secured",
-        }
-    )
-    server = LocalPostgres(settings, secure=True)
+def estate(secured_postgres: LocalPostgres) -> Iterator[Estate]:
+    """The secured server (TLS, SCRAM, the owner `pin` and its empty databases; stopped at the
+    session's end); `pin db migrate` run as the owner; the worker's and the reader's login
+    roles made by the owner (CREATEROLE) with passwords in the passfile. The commands' state
+    folder is the module's own, its name unique (their relay's transactional id on the shared
+    broker is made of it), removed after."""
+    server = secured_postgres
+    state_dir = Path(tempfile.mkdtemp(prefix="pin-secured-pg-"))
     try:
-        server.up()
         owner = server.client_dsn()
-        estate = Estate(server, root, owner, server.client_dsn(WORKER), server.client_dsn(READER))
+        estate = Estate(
+            server, state_dir, owner, server.client_dsn(WORKER), server.client_dsn(READER)
+        )
         migrated = run_pin("db", "migrate", env=estate.env(owner))
         assert migrated.returncode == 0, migrated.stderr
         with psycopg.connect(owner, autocommit=True) as conn:
@@ -100,8 +98,7 @@ def estate() -> Iterator[Estate]:
                 )
         yield estate
     finally:
-        server.down()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def make_project(conn: psycopg.Connection) -> uuid.UUID:

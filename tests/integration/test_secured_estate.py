@@ -9,17 +9,16 @@ Dagster's run, event and schedule storage.
 
 The services of each kind alone, their failure lines and rotation are the modules
 test_pg_secured, test_kafka_secured and test_clickhouse_secured; this one proves they work
-together, with the settings `pin stack up --secure` prints and nothing else.
+together, with the settings `pin stack up --secure` prints and nothing else. All four share the
+session's estate (tests/support/secured.py): this module's `pin stack up --secure` starts what no
+module before started, and finds the rest running, made as new first.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pin_pipelines.config import Settings, dagster_pg_dsn, dagster_pg_url_from
+from pin_pipelines.config import dagster_pg_dsn, dagster_pg_url_from
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_job
 from pin_pipelines.defs.relay.jobs import outbox_relay_job
 from pin_pipelines.stack.postgres import scram_verifier
@@ -40,6 +39,7 @@ from tests.support.chessboard import make_building, make_layout, make_layout_gro
 from tests.support.chessboard import make_project as make_project_row
 from tests.support.cli import run_pin, summary
 from tests.support.idp import IdentityProvider, api_env
+from tests.support.secured import clear_estate
 from tests.support.serve import kill_session, start_serve
 
 WORKER, READER = "pin_w_login", "pin_r_login"
@@ -79,32 +79,28 @@ class Secured:
 
 
 @pytest.fixture(scope="module")
-def secured() -> Iterator[Secured]:
-    """`pin stack up --secure` in a state folder of its own (not pytest's: 0700 up the path
-    would keep the server's OS user from its data), stopped whatever happens; `pin db migrate`
-    as the owner with the printed settings; the two login roles made by the owner."""
-    root = Path(tempfile.mkdtemp(prefix="pin-secured-estate-"))
-    root.chmod(0o711)
-    estate = SecuredEstate(Settings.from_env({**os.environ, "PIN_STATE_DIR": str(root)}))
-    try:
-        up = run_pin("stack", "up", "--secure", env={"PIN_STATE_DIR": str(root)})
-        exports: dict[str, str] = summary(up)["settings"]
-        assert all(f"export {name}=" in up.stdout for name in exports), up.stdout
-        secured = Secured(estate, root, exports, [up.stdout, up.stderr])
-        secured.pin("db", "migrate", env={**exports, "PIN_STATE_DIR": str(root)})
-        with psycopg.connect(exports["PIN_PG_DSN"], autocommit=True) as conn:
-            for role, group in ((WORKER, "pin_worker"), (READER, "pin_reader")):
-                conn.execute(
-                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                        sql.Identifier(role),
-                        scram_verifier(conn, role, estate.postgres.password(role)),
-                        sql.Identifier(group),
-                    )
+def secured(secured_estate: SecuredEstate) -> Secured:
+    """`pin stack up --secure` in the state folder of the session's estate (stopped at the
+    session's end), whose running services are first made as new; `pin db migrate` as the
+    owner with the printed settings; the two login roles made by the owner."""
+    estate = secured_estate
+    root = estate.folder.parent
+    clear_estate(estate)
+    up = run_pin("stack", "up", "--secure", env={"PIN_STATE_DIR": str(root)})
+    exports: dict[str, str] = summary(up)["settings"]
+    assert all(f"export {name}=" in up.stdout for name in exports), up.stdout
+    secured = Secured(estate, root, exports, [up.stdout, up.stderr])
+    secured.pin("db", "migrate", env={**exports, "PIN_STATE_DIR": str(root)})
+    with psycopg.connect(exports["PIN_PG_DSN"], autocommit=True) as conn:
+        for role, group in ((WORKER, "pin_worker"), (READER, "pin_reader")):
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                    sql.Identifier(role),
+                    scram_verifier(conn, role, estate.postgres.password(role)),
+                    sql.Identifier(group),
                 )
-        yield secured
-    finally:
-        estate.down()
-        shutil.rmtree(root, ignore_errors=True)
+            )
+    return secured
 
 
 def _catalogue(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:

@@ -9,7 +9,6 @@ tests/integration and tests/e2e (`use_test_database`), never for tests/unit.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 
@@ -55,11 +54,6 @@ def pg_template(tmp_path_factory: pytest.TempPathFactory) -> str:
                 conn.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
                 conn.execute(f'CREATE DATABASE "{template}"')
             migrate_postgres(dsn_with_dbname(BASE_TEST_PG_DSN, template))
-            # The migration leaves a connection to the template open until Python's cycle
-            # collector frees it (measured: one left after migrate_postgres, none after a
-            # collection), and CREATE DATABASE … TEMPLATE refuses a template in use (it waits 5 s
-            # for other sessions to end): closed now, not at the collector's next pass.
-            gc.collect()
     return template
 
 

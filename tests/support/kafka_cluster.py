@@ -23,13 +23,13 @@ from confluent_kafka import ElectionType, KafkaException
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import ALL_TOPICS, TopicPolicy, admin, ensure_topics
+from pin_pipelines.kafka import ALL_TOPICS, TopicPolicy, admin
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.process import free_port_run, read_pid, wait_until
 from tests.support.cli import PIN
-from tests.support.private_kafka import without_topics
+from tests.support.private_kafka import empty_kafka
 
 NODES = 3
 #: The loaders' dimension: the test stack's ClickHouse server (groups of random ids).
@@ -76,15 +76,7 @@ def reset_cluster(cluster: LocalKafkaCluster) -> None:
     led by its preferred one (`restore`)."""
     cluster.up()
     bootstrap = cluster.bootstrap
-    client = admin(bootstrap)
-    groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
-    if groups:
-        for future in client.delete_consumer_groups(groups, request_timeout=15).values():
-            future.result(timeout=15)
-    topics = tuple(t for t in client.list_topics(timeout=10).topics if not t.startswith("__"))
-    if topics:  # a new cluster has none (and the admin client refuses an empty list)
-        without_topics(bootstrap, topics)
-    ensure_topics(bootstrap, ALL_TOPICS, TopicPolicy())
+    empty_kafka(bootstrap, TopicPolicy())
     wait_until(
         lambda: answers_offsets(bootstrap),
         timeout=60,

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import ALL_TOPICS, admin, delete_topics, ensure_topics
+from pin_pipelines.kafka import ALL_TOPICS, TopicPolicy, admin, delete_topics, ensure_topics
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import free_port, read_pid, wait_until
@@ -70,21 +70,21 @@ def reset_broker(broker: LocalKafka) -> None:
     broker.up()
     bootstrap = broker.settings.kafka_bootstrap
     wait_until(lambda: _listed(bootstrap) is not None, timeout=60, what="the private broker")
+    empty_kafka(bootstrap)
+    wait_for_leaders(broker)
+
+
+def empty_kafka(bootstrap: str, policy: TopicPolicy | None = None) -> None:
+    """A private broker's or cluster's state as a new one's: every consumer group deleted, every
+    topic but Kafka's own deleted (the broker no longer lists them), the project's topics created
+    again (after `policy`, or the environment's settings)."""
     client = admin(bootstrap)
     groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
     if groups:
         for future in client.delete_consumer_groups(groups, request_timeout=15).values():
             future.result(timeout=15)
-    topics = tuple(t for t in _listed(bootstrap) or () if not t.startswith("__"))
-    if topics:  # a new broker has none (and the admin client refuses an empty list)
-        delete_topics(bootstrap, topics)
-    wait_until(
-        lambda: not set(topics) & set(_listed(bootstrap) or topics),
-        timeout=30,
-        what="the private broker's topics deleted",
-    )
-    ensure_topics(bootstrap, ALL_TOPICS)
-    wait_for_leaders(broker)
+    without_topics(bootstrap, tuple(t for t in _listed(bootstrap) or () if not t.startswith("__")))
+    ensure_topics(bootstrap, ALL_TOPICS, policy)
 
 
 def without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
