@@ -210,17 +210,27 @@ class _Orphans:
 _orphans: _Orphans | None = None
 
 
-def _orphans_left(processes: list[_Process], *, detached_too: bool) -> str:
+def _orphans_left(processes: list[_Process], *, detached_under: Path | None = None) -> str:
     """Kill the orphans of the run (with their descendants) still alive after their grace;
-    describe them (empty when there were none). A session leader (`start_detached`, pg_ctl)
-    is a service started detached on purpose, which a module- or session-scoped fixture may
-    hold across tests: it counts only when `detached_too` (at the end of the session)."""
+    describe them (empty when there were none).
+
+    A session leader (`start_detached`, pg_ctl) is a service started detached on purpose: a
+    module- or session-scoped fixture may hold it across tests, and one of the shared stack
+    that a test's `pin stack up` restarted is the stack's, meant to outlive the run. It counts
+    only at the end of the session, and only if its command line or working directory lies
+    under `detached_under` (the session's temporary folder: a private server of the run)."""
     global _orphans
     if _orphans is None:
         _orphans = _Orphans()
+
+    def counts(process: _Process) -> bool:
+        if process.session != process.pid:
+            return True
+        return detached_under is not None and _lies_under(process.pid, detached_under)
+
     deadline = time.monotonic() + ORPHAN_GRACE_SECONDS
     while True:
-        found = [p for p in _orphans.find(processes) if detached_too or p.session != p.pid]
+        found = [p for p in _orphans.find(processes) if counts(p)]
         if not found or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
@@ -254,6 +264,14 @@ def _leftovers(before: set[int], processes: list[_Process] | None = None) -> str
     return "; ".join(f"pid {pid}: {command}" for pid, command in sorted(left.items()))
 
 
+def _lies_under(pid: int, folder: Path) -> bool:
+    """Whether the process's command line or working directory names a path under `folder`."""
+    with contextlib.suppress(OSError):
+        if Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(folder):
+            return True
+    return f"{folder}/" in _command(pid)
+
+
 @pytest.fixture(autouse=True)
 def _no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fails a test (fixtures included) that leaves a child process alive, or an orphaned
@@ -264,7 +282,7 @@ def _no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     processes = _processes()
     left = _leftovers(before, processes)
-    orphans = _orphans_left(processes, detached_too=False)
+    orphans = _orphans_left(processes)
     failures = []
     if left:
         failures.append(f"left processes alive (killed): {left}")
@@ -294,13 +312,16 @@ def _no_blackhole_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The same at the end, after the last finalizers: children of module- or session-scoped
     fixtures, started before any one test's check began, fail the run here, and so does an
-    orphan of the run, a service started detached included, and a partition rule left by this
-    process or by a dead one (a test process killed inside its block)."""
+    orphan of the run, a private service started detached included (one under the session's
+    temporary folder), and a partition rule left by this process or by a dead one (a test
+    process killed inside its block)."""
     processes = _processes()
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    basetemp = getattr(factory, "_basetemp", None)  # None: no test made a temporary folder
     problems = {
         "processes left alive at the end of the session (killed)": _leftovers(set(), processes),
         "orphaned processes of the run at the end of the session (killed)": _orphans_left(
-            processes, detached_too=True
+            processes, detached_under=basetemp
         ),
         "iptables rules left at the end of the session (deleted)": "; ".join(
             remove_leftover_rules()

@@ -286,9 +286,11 @@ def test_whose_orphan_ends_within_its_grace():
 
 
 @pytest.fixture(scope="module")
-def detached_service():
-    # In a session of its own, as pg_ctl and `pin stack up` start a service; never stopped.
-    subprocess.run(["sh", "-c", "setsid sleep 603 >/dev/null 2>&1 &"], check=True)
+def detached_service(tmp_path_factory):
+    # A private server of the run, in a session of its own as pg_ctl and `pin stack up` start
+    # one, in the run's temporary folder; never stopped.
+    folder = tmp_path_factory.mktemp("private-service")
+    subprocess.run(["sh", "-c", "setsid sleep 603 >/dev/null 2>&1 &"], cwd=folder, check=True)
 
 
 def test_with_a_detached_service(detached_service):
@@ -296,7 +298,12 @@ def test_with_a_detached_service(detached_service):
 
 
 def test_while_the_fixture_holds_it(detached_service):
-    pass
+    # One of the shared stack, restarted by a test's `pin stack up`: it outlives the run.
+    subprocess.run(
+        ["sh", "-c", "setsid sleep 604 >/dev/null 2>&1 & echo $! > stack-service.pid"],
+        cwd="{here}",
+        check=True,
+    )
 """
 
 RULES = """
@@ -402,14 +409,19 @@ def test_the_suite_fails_a_test_that_leaves_an_orphaned_process_and_kills_it(
 ) -> None:
     """Tried, in a pytest of its own: a test whose `sh -c "sleep 602 &"` leaves the sleep
     re-parented to init (a grandchild: the check of the children alone missed it, as it missed
-    the code server of the issue), one whose orphan ends within the grace, and a module fixture
-    whose `setsid sleep 603` (a service started detached) is held across two tests and never
-    stopped. The first fails by name, the detached one is not flagged while its fixture holds it
-    and fails the run at its end, and both sleeps are killed."""
-    result = run_guarded(tmp_path, ORPHANS)
+    the code server of the issue), one whose orphan ends within the grace, a module fixture
+    whose `setsid sleep 603` (a private service started detached, in the run's temporary
+    folder) is held across two tests and never stopped, and a `setsid sleep 604` elsewhere (a
+    service of the shared stack a test restarted). The first fails by name, the private service
+    is not flagged while its fixture holds it and fails the run at its end, both are killed,
+    and the stack's service is left alone."""
+    result = run_guarded(tmp_path, ORPHANS.replace("{here}", str(tmp_path)))
     output = result.stdout + result.stderr
     pids = {int(pid) for pid in re.findall(r"pid (\d+): sleep 60[23]", output)}
+    stack_service = int((tmp_path / "stack-service.pid").read_text())
     try:
+        assert pid_alive(stack_service), output
+        assert "sleep 604" not in output
         assert result.returncode == 1, output
         assert (
             "test_leaves_an_orphan left orphaned processes, re-parented outside the run "
@@ -420,7 +432,7 @@ def test_the_suite_fails_a_test_that_leaves_an_orphaned_process_and_kills_it(
         assert len(pids) == 2, output
         assert not any(pid_alive(pid) for pid in pids)
     finally:
-        for pid in pids:
+        for pid in (*pids, stack_service):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
