@@ -4,11 +4,13 @@ import warnings
 
 import dagster as dg
 
-from pin_pipelines.defs import devstats, housekeeping, recalc, reconcile, relay
+from pin_pipelines.defs import code_server, devstats, housekeeping, recalc, reconcile, relay
 from pin_pipelines.defs.resources import RESOURCES
 
 # Dagster flags its own internal use of beta parameters on every load; it is not ours to act on.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
+# The code server loading these definitions ends when told to, also after a storage error.
+code_server.harden()
 
 defs = dg.Definitions.merge(
     recalc.defs,

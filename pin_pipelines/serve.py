@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import IO
 
 import dagster as dg
 
@@ -64,6 +65,8 @@ WIND_DOWN_SECONDS = 20.0
 CHILD_STOP_SECONDS = 5.0
 #: prctl(2): orphaned descendants are re-parented to this process instead of init.
 PR_SET_CHILD_SUBREAPER = 36
+#: prctl(2): the signal this process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 QUEUED = dg.DagsterRunStatus.QUEUED
 CANCELING = dg.DagsterRunStatus.CANCELING
 #: Runs with a run worker (or about to get one): what a stop waits for.
@@ -111,11 +114,16 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
     # A process group of their own: Ctrl-C in the terminal signals the foreground group, and it
     # must reach `pin serve` alone, which stops the runs first and its children after (run
     # workers that got the signal themselves ended FAILURE, and a run still launching was
-    # marked failed when its code server went down under it).
-    children = {
-        name: subprocess.Popen(argv, env=env, cwd=SOURCE_ROOT, process_group=0)
-        for name, argv in commands.items()
-    }
+    # marked failed when its code server went down under it). Killed itself (SIGKILL), `pin
+    # serve` stops nothing: its children die with it (PR_SET_PDEATHSIG), and the sweeper kills
+    # what is left in their groups (their code servers, run workers), see sweeper.py.
+    sweeper = _Sweeper()
+    children = {}
+    for name, argv in commands.items():
+        children[name] = subprocess.Popen(
+            argv, env=env, cwd=SOURCE_ROOT, process_group=0, preexec_fn=_dies_with_this_process()
+        )
+        sweeper.watch(children[name].pid)
     print(
         f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
         f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops {' and '.join(children)}",
@@ -123,6 +131,7 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
     )
     try:
         while not stopping() and all(child.poll() is None for child in children.values()):
+            sweeper.keep_alive()
             time.sleep(0.5)
         if stopping():
             _wind_down(settings, env, marker)
@@ -137,7 +146,8 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        _stop_descendants(CHILD_STOP_SECONDS)
+        _stop_descendants(CHILD_STOP_SECONDS, spare=sweeper.pid)
+        sweeper.close()
         if stopping():
             _cancel_unstarted(settings, env)
     if not stopping():
@@ -159,6 +169,77 @@ def _adopt_orphans() -> None:
         )
 
 
+def _dies_with_this_process() -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when this process dies (PR_SET_PDEATHSIG), and exits
+    at once if this process died before the setting took (the child was then re-parented). libc
+    is looked up here, before the fork; `pin serve` has one thread when it starts its children."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+class _Sweeper:
+    """`python -m pin_pipelines.sweeper`: kills what is left in the children's process groups
+    once this process is gone, however it went (sweeper.py). Started again if it dies, so that
+    a SIGKILL to `pin serve` later still leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self.groups: list[int] = []
+        self._start()
+
+    def _start(self) -> None:
+        read, write = os.pipe()  # not inheritable: only this process holds the write end
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pin_pipelines.sweeper", str(os.getpid())],
+                stdin=read,
+                cwd=SOURCE_ROOT,
+                process_group=0,  # not reached by a signal to this process's group
+            )
+        finally:
+            os.close(read)
+        self.pipe: IO[bytes] = os.fdopen(write, "wb", buffering=0)
+        for group in self.groups:
+            self.pipe.write(f"{group}\n".encode())
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def watch(self, group: int) -> None:
+        """Sweep process group `group` once this process is gone."""
+        self.groups.append(group)
+        with suppress(BrokenPipeError):  # it died: keep_alive starts another
+            self.pipe.write(f"{group}\n".encode())
+
+    def keep_alive(self) -> None:
+        if self.process.poll() is not None:
+            print(
+                f"pin: the sweeper exited ({self.process.returncode}); starting another",
+                file=sys.stderr,
+            )
+            with suppress(BrokenPipeError):
+                self.pipe.close()
+            self._start()
+
+    def close(self) -> None:
+        """End the pipe: the sweeper kills what is left in the groups (nothing, after a clean
+        stop) and exits."""
+        with suppress(BrokenPipeError):
+            self.pipe.close()
+        try:
+            self.process.wait(timeout=CHILD_STOP_SECONDS * 3)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def _descendants() -> list[int]:
     """Every live descendant of this process, from /proc."""
     parents: dict[int, int] = {}
@@ -178,10 +259,11 @@ def _descendants() -> list[int]:
     return found
 
 
-def _stop_descendants(grace: float) -> None:
+def _stop_descendants(grace: float, spare: int | None = None) -> None:
     """SIGTERM to what is left below this process (orphans it adopted, their children), SIGKILL
-    after `grace`, and reap the adopted ones: nothing of the instance outlives `pin serve`."""
-    left = _descendants()
+    after `grace`, and reap the adopted ones: nothing of the instance outlives `pin serve`.
+    `spare` (the sweeper) is left to end by itself."""
+    left = [pid for pid in _descendants() if pid != spare]
     for signum in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
             with suppress(ProcessLookupError):

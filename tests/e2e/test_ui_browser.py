@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.serve import prepare_dagster_home
 from pin_pipelines.stack.process import free_port
+from pin_pipelines.sweeper import members, sweep
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.pg import dbname
 from tests.support.recalc import drain_until_empty
@@ -47,6 +49,9 @@ ARTIFACTS = SOURCE_ROOT / "test-artifacts"
 LOCATION = "pin_pipelines"
 #: Served once the webserver's asset graph is loaded (the location shows as loaded earlier).
 PROBE = "dim_layout_group_drift"
+#: After the daemon and the webserver exit, what they started (their code servers, the daemon's
+#: run workers, in their process groups) gets this long to end before it is killed.
+CHILDREN_END_SECONDS = 15.0
 CHECKS = {
     "aggregates_drift": "aggregates_consistent",
     "dim_layout_group_drift": "dim_layout_group_in_sync",
@@ -144,7 +149,14 @@ class Dagster:
 @pytest.fixture
 def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
     """Webserver, then the daemon (the QueuedRunCoordinator of dagster.yaml needs it to start
-    runs) once the shipped sensors and schedules are stopped on this instance."""
+    runs) once the shipped sensors and schedules are stopped on this instance.
+
+    Each in a process group of its own, which its code server and run workers share: the stop
+    ends the whole group, not only the two. A daemon stopped alone left its code server behind,
+    re-parented to init, still waiting for the run worker of the test's last run to exit; the
+    next test's setup then dropped the storage database under it, the code server's cleanup
+    thread died on the missing database (Dagster 1.13's `_check_for_orphaned_runs`), and the
+    code server, told to shut down but never terminated, outlived the CI run."""
     storage = f"{dbname(pg_dsn)}_dagster"
     with psycopg.connect(dsn_with_dbname(pg_dsn, "postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{storage}" WITH (FORCE)')
@@ -179,6 +191,7 @@ def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
             cwd=SOURCE_ROOT,
             stdout=(logs / "webserver.log").open("wb"),
             stderr=subprocess.STDOUT,
+            process_group=0,
         )
     ]
     try:
@@ -192,6 +205,7 @@ def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
                 cwd=SOURCE_ROOT,
                 stdout=(logs / "daemon.log").open("wb"),
                 stderr=subprocess.STDOUT,
+                process_group=0,
             )
         )
         yield server
@@ -203,6 +217,15 @@ def dagster(pg_dsn: str, tmp_path: Path) -> Iterator[Dagster]:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        # Told to shut down by their parents, the code servers end once their run workers have.
+        groups, session = {p.pid for p in processes}, os.getsid(0)
+        deadline = time.monotonic() + CHILDREN_END_SECONDS
+        while members(groups, session) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        killed = sweep(groups, session)
+        if killed:
+            print(f"killed after {CHILDREN_END_SECONDS:g}s: {killed}")
 
 
 def open_lineage(page: Page, base: str, asset: str) -> None:

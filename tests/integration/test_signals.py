@@ -26,6 +26,7 @@ from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.config import dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.stack.process import free_port, pid_alive, port_open, start_detached
+from tests.support.blackhole import remove_leftover_rules
 from tests.support.chessboard import (
     make_all_due,
     make_building,
@@ -269,6 +270,64 @@ def test_with_a_module_process(module_process):
     pass
 """
 
+ORPHANS = """
+import subprocess
+
+import pytest
+
+
+def test_leaves_an_orphan():
+    # A grandchild re-parented to init when its parent exits: the leaked code server's shape.
+    subprocess.run(["sh", "-c", "sleep 602 >/dev/null 2>&1 &"], check=True)
+
+
+def test_whose_orphan_ends_within_its_grace():
+    subprocess.run(["sh", "-c", "sleep 1 >/dev/null 2>&1 &"], check=True)
+
+
+@pytest.fixture(scope="module")
+def detached_service(tmp_path_factory):
+    # A private server of the run, in a session of its own as pg_ctl and `pin stack up` start
+    # one, in the run's temporary folder; never stopped.
+    folder = tmp_path_factory.mktemp("private-service")
+    subprocess.run(["sh", "-c", "setsid sleep 603 >/dev/null 2>&1 &"], cwd=folder, check=True)
+
+
+def test_with_a_detached_service(detached_service):
+    pass
+
+
+def test_while_the_fixture_holds_it(detached_service):
+    # One of the shared stack, restarted by a test's `pin stack up`: it outlives the run.
+    subprocess.run(
+        ["sh", "-c", "setsid sleep 604 >/dev/null 2>&1 & echo $! > stack-service.pid"],
+        cwd="{here}",
+        check=True,
+    )
+"""
+
+RULES = """
+from pin_pipelines.stack.process import free_port
+from tests.support import blackhole
+
+PORT = free_port()
+
+
+def test_leaves_a_rule_of_its_block():
+    with blackhole.blackhole(PORT):
+        # One more rule of this process, which the block does not know: a leftover.
+        blackhole._iptables("-I", *blackhole._rule_specs(PORT, "to_port")[0])
+
+
+def test_leaves_a_rule_outside_any_block():
+    # Not looked for after this test (no block entered): at the end of the session.
+    blackhole._iptables("-I", *blackhole._rule_specs(PORT, "from_port")[0])
+
+
+def test_after_it():
+    pass
+"""
+
 DAGSTER_THEN_A_CHILD = """
 import subprocess
 
@@ -343,6 +402,56 @@ def test_the_suite_fails_a_test_that_changes_a_signal_or_leaves_a_process_and_ki
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_suite_fails_a_test_that_leaves_an_orphaned_process_and_kills_it(
+    tmp_path: Path,
+) -> None:
+    """Tried, in a pytest of its own: a test whose `sh -c "sleep 602 &"` leaves the sleep
+    re-parented to init (a grandchild: the check of the children alone missed it, as it missed
+    the code server of the issue), one whose orphan ends within the grace, a module fixture
+    whose `setsid sleep 603` (a private service started detached, in the run's temporary
+    folder) is held across two tests and never stopped, and a `setsid sleep 604` elsewhere (a
+    service of the shared stack a test restarted). The first fails by name, the private service
+    is not flagged while its fixture holds it and fails the run at its end, both are killed,
+    and the stack's service is left alone."""
+    result = run_guarded(tmp_path, ORPHANS.replace("{here}", str(tmp_path)))
+    output = result.stdout + result.stderr
+    pids = {int(pid) for pid in re.findall(r"pid (\d+): sleep 60[23]", output)}
+    stack_service = int((tmp_path / "stack-service.pid").read_text())
+    try:
+        assert pid_alive(stack_service), output
+        assert "sleep 604" not in output
+        assert result.returncode == 1, output
+        assert (
+            "test_leaves_an_orphan left orphaned processes, re-parented outside the run "
+            "(killed): pid "
+        ) in output
+        assert "orphaned processes of the run at the end of the session (killed): pid " in output
+        assert "4 passed, 1 error" in output, output
+        assert len(pids) == 2, output
+        assert not any(pid_alive(pid) for pid in pids)
+    finally:
+        for pid in (*pids, stack_service):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_suite_deletes_a_leftover_rule_after_a_test_that_used_the_blackhole(
+    tmp_path: Path,
+) -> None:
+    """Tried, in a pytest of its own: a test that leaves a rule of its process inside a
+    `blackhole` block, one that inserts one outside any block, and one after. The first fails
+    by name; the second is not looked at (only a test that entered a block pays for the two
+    `iptables -S`), and its rule fails the run at its end. No rule of that pytest is left."""
+    result = run_guarded(tmp_path, RULES)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "test_leaves_a_rule_of_its_block left iptables rules (deleted): -A INPUT" in output
+    assert "iptables rules left at the end of the session (deleted): -A INPUT" in output
+    assert "3 passed, 1 error" in output, output
+    assert "test_leaves_a_rule_outside_any_block left" not in output
+    assert remove_leftover_rules() == []
 
 
 def test_dagster_in_process_no_longer_leaves_sigterm_ignored(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ tests/integration/test_kafka_partitions.py). All of them listen on 127.0.0.1, so
 the clients too; the rules of `isolate` match the sending socket's cgroup instead (below).
 
 Each rule carries a comment naming this process, is deleted when its block ends however it ends,
-and `remove_leftover_rules` (run by the suite's guard in tests/conftest.py) deletes any rule (and
+and `remove_leftover_rules` (run by the suite's guard in tests/conftest.py after a test that
+entered a block, see `blocks_entered`, and once at the end of the session) deletes any rule (and
 `isolate`'s cgroups) a killed test process left behind and reports it.
 """
 
@@ -34,6 +35,20 @@ COMMENT_PREFIX = "pin-test-blackhole"
 #: Which packets of the port are dropped: both ways (a partition), or only those the port's owner
 #: sends (its answers: the peer's requests arrive, it never hears back) or receives.
 Direction = Literal["both", "from_port", "to_port"]
+#: Blocks of `blackhole` and `isolate` entered by this process so far.
+_blocks_entered = 0
+
+
+def blocks_entered() -> int:
+    """How many `blackhole` and `isolate` blocks this process has entered: the suite's guard
+    looks for leftover rules after a test only when this changed during it (two `iptables -S`
+    runs after every test were a cost of the whole suite for two modules' sake)."""
+    return _blocks_entered
+
+
+def _entering() -> None:
+    global _blocks_entered
+    _blocks_entered += 1
 
 
 def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
@@ -60,6 +75,7 @@ def blackhole(ports: int | Sequence[int], direction: Direction = "both") -> Iter
     (`client_port` of pg_stat_activity: that one connection is cut, all others flow). Loopback
     packets pass INPUT once, so a rule there on the source and one on the destination port
     drop both directions."""
+    _entering()
     specs = [
         spec
         for port in ([ports] if isinstance(ports, int) else ports)
@@ -285,6 +301,7 @@ def isolate(inside: Sequence[Peer], outside: Sequence[Peer]) -> Iterator[Isolati
     A port pair stays cut for the whole block: a client connection that happens to get the same
     ephemeral port to the same server port (both ends are 127.0.0.1; ~30 pairs among ~28,000
     ephemeral ports) would be cut too, and would have to reconnect."""
+    _entering()
     root = _cgroup2_root()
     if root is None:
         raise RuntimeError("no cgroup2 hierarchy mounted (isolate matches sockets by cgroup2)")

@@ -47,13 +47,18 @@ def serve_env(
 
 
 def start_serve(
-    env: dict[str, str], log: Path, *, pin: str = PIN, cwd: Path = REPO_ROOT
+    env: dict[str, str],
+    log: Path,
+    *,
+    pin: str = PIN,
+    cwd: Path = REPO_ROOT,
+    command: str = "serve",
 ) -> subprocess.Popen[bytes]:
-    """`pin serve` (this release's, or another release's `pin` in its own tree `cwd`) with its
-    stderr in `log`, the leader of a new session: `kill_session` then finds it and everything
-    it started."""
+    """`pin serve` (this release's, or another release's `pin` in its own tree `cwd`; `pin dev`
+    with `command="dev"`) with its stderr in `log`, the leader of a new session: `kill_session`
+    then finds it and everything it started."""
     return subprocess.Popen(
-        [pin, "serve"],
+        [pin, command],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
