@@ -73,6 +73,9 @@ class SecureKafka:
         """plaintext, controller, scram, plain, mtls: chosen once, then read back."""
         path = self.folder / "ports.json"
         if not path.exists():
+            # `pin stack down --secure` or `status` after an `up` that stopped before Kafka
+            # asks for the ports too: the folder may not be there yet.
+            path.parent.mkdir(parents=True, exist_ok=True)
             base = free_port_run(5)
             names = ("plaintext", "controller", *_PROTOCOLS)
             path.write_text(json.dumps({n: base + i for i, n in enumerate(names)}))

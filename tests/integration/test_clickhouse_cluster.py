@@ -62,9 +62,9 @@ from tests.support.cli import assert_one_line_error, run_pin, summary
 from tests.support.clickhouse import cluster_in_sync, settings_for
 from tests.support.devstats import Group, committed, end_offsets, physical_rows, produce_events
 
-#: Alone on the machine: it drops, truncates and stops servers of the stack's shared ClickHouse
-#: cluster, which other modules' tests use.
-pytestmark = pytest.mark.alone
+#: It drops, truncates and stops servers of the stack's shared ClickHouse cluster: the modules
+#: whose tests also run on the cluster run one after another with it, on one worker.
+pytestmark = pytest.mark.xdist_group("clickhouse-cluster")
 
 LOCAL = f"{TABLE}{LOCAL_SUFFIX}"
 

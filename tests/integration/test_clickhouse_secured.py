@@ -32,6 +32,10 @@ from tests.support.cli import assert_one_line_error, run_pin, summary
 from tests.support.devstats import Group, produce_events
 from tests.support.idp import IdentityProvider, api_env
 
+#: The secured estate (tests/support/secured.py) starts once per worker: its four modules run
+#: one after another on one worker, so it starts once per run.
+pytestmark = pytest.mark.xdist_group("secured")
+
 #: What a refusal may take, end to end (the contract's bound is 60 s).
 REFUSAL_SECONDS = 20
 

@@ -36,6 +36,10 @@ from tests.support.clickhouse import engine_url
 from tests.support.devstats import Group, committed, end_offsets, produce_events
 from tests.support.loaders import loader_env, loaders, versions, wait_for
 
+#: Some tests run on the stack's ClickHouse cluster, which test_clickhouse_cluster.py drops,
+#: truncates and stops: one after another with it, on one worker.
+pytestmark = pytest.mark.xdist_group("clickhouse-cluster")
+
 # --- the embedded engine keeps serving readers ------------------------------------------------
 
 

@@ -49,6 +49,10 @@ from tests.support.devstats import (
     read_all,
 )
 
+#: Some tests run on the stack's ClickHouse cluster, which test_clickhouse_cluster.py drops,
+#: truncates and stops: one after another with it, on one worker.
+pytestmark = pytest.mark.xdist_group("clickhouse-cluster")
+
 
 @pytest.fixture(params=list(ENGINES))
 def clickhouse_url(request: pytest.FixtureRequest) -> str:

@@ -36,6 +36,10 @@ from pin_pipelines.stack.secure_kafka import CLIENTS, SecureKafka
 from tests.support.cli import PIN, assert_one_line_error, run_pin, summary
 from tests.support.devstats import Group, committed, produce, read_all
 
+#: The secured estate (tests/support/secured.py) starts once per worker: its four modules run
+#: one after another on one worker, so it starts once per run.
+pytestmark = pytest.mark.xdist_group("secured")
+
 LOADER_GROUP = "test-secured-loader"
 
 

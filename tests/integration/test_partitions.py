@@ -37,8 +37,15 @@ from tests.support.recalc import PIN, REPO_ROOT, outbox, pin_env, queue_row, slo
 from tests.support.relay import assert_exactly_once_in_order
 from tests.support.truth import drift
 
-#: Alone on the machine: it cuts ports with iptables (a rule cuts every session using the port).
-pytestmark = pytest.mark.alone
+
+@pytest.fixture(scope="module")
+def kafka_bootstrap(kafka: LocalKafka) -> str:
+    """Every Kafka of this module is the worker's private broker: the loader's partition
+    blackholes the broker's port, which on the shared broker would cut every other worker's
+    tests off with it. The other cuts are of ports no other test uses (a drain's one
+    connection, a private ClickHouse server), so the module runs beside the others."""
+    return kafka.settings.kafka_bootstrap
+
 
 #: The drain's recalc of a project sleeps this long (a test trigger): the cut lands inside it.
 PROJECT_SECONDS = 3.0

@@ -43,6 +43,10 @@ from tests.support.recalc import PIN, REPO_ROOT
 from tests.support.serve import kill_session, start_serve
 from tests.support.truth import drift
 
+#: The secured estate (tests/support/secured.py) starts once per worker: its four modules run
+#: one after another on one worker, so it starts once per run.
+pytestmark = pytest.mark.xdist_group("secured")
+
 WORKER, READER = "pin_w_login", "pin_r_login"
 #: Each failure ends within this bound (CONTRACT section 8).
 FAILURE_SECONDS = 60

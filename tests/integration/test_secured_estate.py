@@ -42,6 +42,10 @@ from tests.support.idp import IdentityProvider, api_env
 from tests.support.secured import clear_estate
 from tests.support.serve import kill_session, start_serve
 
+#: The secured estate (tests/support/secured.py) starts once per worker: its four modules run
+#: one after another on one worker, so it starts once per run.
+pytestmark = pytest.mark.xdist_group("secured")
+
 WORKER, READER = "pin_w_login", "pin_r_login"
 
 
