@@ -35,6 +35,10 @@ from tests.support.chessboard import make_layout_group, make_project
 from tests.support.http import answers_http
 from tests.support.serve import kill_session, serve_env, start_serve
 
+#: Alone on the machine: it loads every core with busy loops on purpose (a busy production
+#: host), which would slow every other worker's tests, and it bounds the legs' lag (GAP_SECONDS).
+pytestmark = pytest.mark.alone
+
 #: The runs' budget (PIN_LONG_RUN_SECONDS): the shortest the settings admit, so one hand-over of
 #: each leg happens about a minute into the test.
 RUN_SECONDS = MIN_LONG_RUN_SECONDS

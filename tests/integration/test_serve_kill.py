@@ -27,7 +27,6 @@ from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.integration.test_relay_exactly_once import kafka  # noqa: F401 (the module's broker)
 from tests.support.recalc import PIN, REPO_ROOT
 from tests.support.serve import (
     kill_session,
@@ -55,7 +54,7 @@ def test_kill_9_of_pin_serve_leaves_nothing_of_it_running(
     command: str,
     pg_dsn: str,
     dagster_db: str,
-    kafka: LocalKafka,  # noqa: F811 (the fixture imported above)
+    kafka: LocalKafka,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
