@@ -22,9 +22,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
-from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
-from pin_pipelines.devstats.dim import groups
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import (
     CHANGELOG_TOPICS,
@@ -35,6 +33,7 @@ from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.support.cli import run_pin
 from tests.support.devstats import Group, produce_events, read_all
+from tests.support.loaders import stored_groups
 from tests.support.private_kafka import without_topics
 
 #: Topic configs that make the broker's log cleaner compact within seconds: segments roll after
@@ -193,10 +192,9 @@ def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_gr
     summary = _summary("devstats", "backfill", env=env)
 
     assert int(str(summary["consumed"])) < published
-    with open_clickhouse(env["PIN_CLICKHOUSE_URL"]) as ch:
-        assert {(g.layout_group_id, g.source_version) for g in groups(ch, developer)} == {
-            (g.id, versions) for g in history
-        }
+    assert stored_groups(env["PIN_CLICKHOUSE_URL"], developer) == {
+        (g.id, versions) for g in history
+    }
 
 
 def test_a_loader_whose_group_lost_its_offsets_resumes_from_the_earliest_offset(
@@ -232,7 +230,6 @@ def test_a_loader_whose_group_lost_its_offsets_resumes_from_the_earliest_offset(
     assert again["complete"] is True
     assert again["inserted"] == len(later)
     assert int(str(again["skipped_stale"])) >= 2 * len(first)
-    with open_clickhouse(env["PIN_CLICKHOUSE_URL"]) as ch:
-        assert {(g.layout_group_id, g.source_version) for g in groups(ch, developer)} == {
-            (g.id, 2) for g in first
-        } | {(g.id, 1) for g in later}
+    assert stored_groups(env["PIN_CLICKHOUSE_URL"], developer) == {(g.id, 2) for g in first} | {
+        (g.id, 1) for g in later
+    }

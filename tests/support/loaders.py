@@ -135,3 +135,31 @@ def wait_for(what: str, done: Callable[[], bool], timeout: float) -> float:
         assert time.monotonic() - started < timeout, f"{what} within {timeout:g}s"
         time.sleep(0.05)
     return time.monotonic() - started
+
+
+#: `stored_groups`' child: the (LayoutGroupId, SourceVersion) of a developer's groups as JSON.
+STORED_GROUPS = """
+import json, sys, uuid
+from pin_pipelines.clickhouse import open_clickhouse
+from pin_pipelines.devstats.dim import groups
+with open_clickhouse(sys.argv[1]) as ch:
+    found = groups(ch, uuid.UUID(sys.argv[2]))
+print(json.dumps([[str(g.layout_group_id), g.source_version] for g in found]))
+"""
+
+
+def stored_groups(clickhouse_url: str, developer: uuid.UUID) -> set[tuple[uuid.UUID, int]]:
+    """The (LayoutGroupId, SourceVersion) of `developer`'s groups, read in a child process: an
+    embedded folder no loader holds any more can be opened in this process only while it holds
+    no other folder, and under the parallel lanes an earlier module of the worker may hold the
+    session's (`chdb_url`)."""
+    done = subprocess.run(
+        [sys.executable, "-c", STORED_GROUPS, clickhouse_url, str(developer)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {(uuid.UUID(gid), int(version)) for gid, version in json.loads(done.stdout)}

@@ -15,7 +15,8 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
 from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
@@ -81,10 +82,34 @@ def empty_kafka(bootstrap: str, policy: TopicPolicy | None = None) -> None:
     client = admin(bootstrap)
     groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
     if groups:
-        for future in client.delete_consumer_groups(groups, request_timeout=15).values():
-            future.result(timeout=15)
+        # A consumer the last module killed stays a member until its session times out: the
+        # broker refuses to delete its group (NON_EMPTY_GROUP) until then.
+        wait_until(
+            lambda: _groups_deleted(client, groups),
+            timeout=GROUP_SESSION_SECONDS,
+            what="the consumer groups deleted (killed consumers' sessions expired)",
+        )
     without_topics(bootstrap, tuple(t for t in _listed(bootstrap) or () if not t.startswith("__")))
     ensure_topics(bootstrap, ALL_TOPICS, policy)
+
+
+#: Longer than any consumer's session timeout (librdkafka's default 45 s) that a test may kill.
+GROUP_SESSION_SECONDS = 60.0
+
+
+def _groups_deleted(client: AdminClient, groups: list[str]) -> bool:
+    """Delete `groups`; whether every one is gone (False while one still has a member)."""
+    gone = True
+    for future in client.delete_consumer_groups(groups, request_timeout=15).values():
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                continue
+            if exc.args[0].code() != KafkaError.NON_EMPTY_GROUP:
+                raise
+            gone = False
+    return gone
 
 
 def without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
