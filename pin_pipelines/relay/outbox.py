@@ -427,8 +427,7 @@ class OutboxRelay:
             if value in refused:
                 batch.dead.append((event_id, topic, f"Kafka refused the event: {refused[value]}"))
                 dead_values.add(value)
-        # Anything else (a timeout, a refused receipt) is not the events' fault: they all stay.
-        stuck = next((f for f in failures if f.value not in dead_values), None)
+        stuck = stuck_failure(failures, dead_values)
         if stuck is not None:
             return PinError(
                 f"Kafka at {self.settings.kafka_bootstrap} did not acknowledge every event"
@@ -497,6 +496,18 @@ class _TopicRun:
 #: A claimed event as claim_events returns it: id, topic, message_key, value, error (None for a
 #: sent one), timestamp_ms, traceparent.
 _SentRow = tuple[int, str, str, bytes, None, int, str | None]
+
+
+def stuck_failure(failures: list[Failure], dead_values: set[bytes]) -> Failure | None:
+    """The failure that says the broker did not take the batch, or None when the only failures
+    were events Kafka refused for good (`dead_values`, now dead letters) and what their refusal
+    took back with it. Anything else (a timeout, a refused receipt) is not the events' fault:
+    they all stay. Events purged because a refusal failed the transaction (`Failure.purged`)
+    go out again with the rest of the batch, at once."""
+    return next(
+        (f for f in failures if f.value not in dead_values and not (dead_values and f.purged)),
+        None,
+    )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pin_pipelines.devstats.offsets import first_unloaded
 from pin_pipelines.devstats.replay import IdRange, RangedReplay
 from pin_pipelines.errors import PinError
 from pin_pipelines.reconcile.dimension import Snapshot, compare
-from pin_pipelines.relay.outbox import _id_runs
+from pin_pipelines.relay.outbox import _id_runs, stuck_failure
 from pin_pipelines.relay.producer import Failure
 
 # --- reconcile: compare ---------------------------------------------------------------------------
@@ -104,6 +104,21 @@ def test_only_unfixable_delivery_errors_are_permanent() -> None:
     ]
     assert [Failure(KafkaError(code), b"v").permanent for code in permanent] == [True] * 3
     assert [Failure(KafkaError(code), b"v").permanent for code in retried] == [False] * 3
+
+
+def test_events_a_refusal_purged_go_out_again_and_anything_else_is_stuck() -> None:
+    """Tried: a batch whose event `big` Kafka refused for good (dead-lettered). The events
+    librdkafka purged unsent when that refusal failed the transaction are not the broker's
+    fault: the rest of the batch goes out again at once (under the parallel test lanes' load the
+    refusal came back before the rest was sent, and the relay failed its run on the purges). A
+    purge with no refusal, or a timeout beside one, still means the broker did not take it."""
+    refused = Failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), b"big")
+    purged = Failure(KafkaError(KafkaError._PURGE_QUEUE), b"small")
+    in_flight = Failure(KafkaError(KafkaError._PURGE_INFLIGHT), b"other")
+    timed_out = Failure(KafkaError(KafkaError._MSG_TIMED_OUT), b"late")
+    assert stuck_failure([refused, purged, in_flight], {b"big"}) is None
+    assert stuck_failure([refused, purged, timed_out], {b"big"}) == timed_out
+    assert stuck_failure([purged], set()) == purged
 
 
 # --- devstats: where the group resumes ------------------------------------------------------------
