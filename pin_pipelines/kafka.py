@@ -322,10 +322,13 @@ def compact_changelogs(
     return sorted(r.name for r in changes)
 
 
-def delete_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
+def delete_topics(
+    bootstrap: str, topics: tuple[str, ...], own: Mapping[str, Any] | None = None
+) -> None:
     """Delete topics that exist (tests and benchmarks remove the private topics they made:
-    hundreds of left-over topics slow every metadata request of a long-lived dev broker)."""
-    client = admin(bootstrap)
+    hundreds of left-over topics slow every metadata request of a long-lived dev broker).
+    `own`: the admin client's settings over the environment's (a listener of its own)."""
+    client = admin(bootstrap, own)
     present = _metadata(client, bootstrap).topics
     existing = [t for t in topics if t in present]
     if not existing:  # the admin client refuses an empty list (ValueError)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,10 +26,9 @@ from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.support.recalc import PIN, REPO_ROOT
 from tests.support.serve import (
     kill_session,
-    serve_env,
+    migrated_instance,
     session_processes,
     start_serve,
     submit_run,
@@ -64,15 +62,13 @@ def test_kill_9_of_pin_serve_leaves_nothing_of_it_running(
     both code servers, their resource trackers and the run workers were all still running
     (reparented to init), and went on until the test killed its session. Now every process of
     its session is gone within GONE_SECONDS."""
-    home = tmp_path / "dagster_home"
-    env = serve_env(
+    env = migrated_instance(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap=kafka.settings.kafka_bootstrap,
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=home,
+        tmp_path=tmp_path,
     )
-    subprocess.run([PIN, "db", "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    home = Path(env["DAGSTER_HOME"])
     client = DagsterGraphQLClient("127.0.0.1", port_number=int(env["PIN_DAGSTER_PORT"]))
     monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])
     log = tmp_path / "serve.log"

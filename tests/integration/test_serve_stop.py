@@ -26,11 +26,11 @@ from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_object, make_project
 from tests.support.devstats import shares
-from tests.support.recalc import PIN, REPO_ROOT, sleeping_backends, slow_recalc
+from tests.support.recalc import sleeping_backends, slow_recalc
 from tests.support.serve import (
     failure_messages,
     kill_session,
-    serve_env,
+    migrated_instance,
     session_processes,
     start_serve,
 )
@@ -92,17 +92,11 @@ def test_sigterm_waits_for_the_runs_in_flight_and_leaves_no_failed_run(
     minutes. Now every run ends SUCCESS and nothing of the instance is alive 30 s after the signal
     (the Kubernetes stop's SIGKILL then finds nothing to kill)."""
     signum, target = STOPS[stop]
-    home = tmp_path / "dagster_home"
     bootstrap = kafka.settings.kafka_bootstrap
-    env = serve_env(
-        pg_dsn=pg_dsn,
-        dagster_db=dagster_db,
-        kafka_bootstrap=bootstrap,
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=home,
+    env = migrated_instance(
+        pg_dsn=pg_dsn, dagster_db=dagster_db, kafka_bootstrap=bootstrap, tmp_path=tmp_path
     )
-    # Its own embedded dimension, migrated by `pin db migrate` (chdb: one process per folder).
-    subprocess.run([PIN, "db", "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    home = Path(env["DAGSTER_HOME"])
     for _ in range(3):
         project = make_project(db)
         make_object(db, project, make_building(db, project), None, status="Free", price=5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from dagster_graphql import DagsterGraphQLClient
 
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import wait_until
-from tests.support.recalc import PIN, REPO_ROOT
-from tests.support.serve import kill_session, serve_env, start_serve, submit_run
+from tests.support.serve import kill_session, migrated_instance, start_serve, submit_run
 
 #: Alone on the machine: 20 stops at random moments, each bounded (STOP_SECONDS); other workers'
 #: load would move the moments it means to hit.
@@ -66,15 +64,13 @@ def test_a_stop_around_launches_leaves_no_failed_run(
     the queued runs once and waited only for launched ones: a run dequeued meanwhile was left
     launching on a stopped daemon (FAILURE, or never ending). Now every run of the instance has
     ended SUCCESS or CANCELED, and every stop exits 0 within its bound."""
-    home = tmp_path / "dagster_home"
-    env = serve_env(
+    env = migrated_instance(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap=kafka.settings.kafka_bootstrap,
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=home,
+        tmp_path=tmp_path,
     )
-    subprocess.run([PIN, "db", "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    home = Path(env["DAGSTER_HOME"])
     client = DagsterGraphQLClient("127.0.0.1", port_number=int(env["PIN_DAGSTER_PORT"]))
     rng = random.Random(os.environ.get("PIN_TEST_SEED"))
     exits = []

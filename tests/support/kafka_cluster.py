@@ -25,11 +25,10 @@ from pin_pipelines.config import Settings
 from pin_pipelines.errors import PinError
 from pin_pipelines.kafka import ALL_TOPICS, TopicPolicy, admin
 from pin_pipelines.relay import topic_end_offsets as end_offsets
-from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.process import free_port_run, read_pid, wait_until
 from tests.support.cli import PIN
-from tests.support.private_kafka import empty_kafka
+from tests.support.private_kafka import empty_kafka, link_shared_jars
 
 NODES = 3
 #: The loaders' dimension: the test stack's ClickHouse server (groups of random ids).
@@ -48,10 +47,7 @@ def private_kafka_cluster(
         ),
         NODES,
     )
-    shared_jars = LocalKafka(Settings.from_env()).libs
-    nodes.root.mkdir(parents=True)
-    if shared_jars.exists():
-        nodes.libs.symlink_to(shared_jars)
+    link_shared_jars(nodes.libs)
     try:
         nodes.up()
         yield nodes

@@ -12,7 +12,9 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -47,15 +49,21 @@ def private_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
             {"PIN_STATE_DIR": str(root), "PIN_KAFKA_BOOTSTRAP": f"127.0.0.1:{_ports_pair()}"}
         )
     )
-    shared_jars = LocalKafka(Settings.from_env()).libs
-    broker.root.mkdir(parents=True)
-    if shared_jars.exists():
-        broker.libs.symlink_to(shared_jars)
+    link_shared_jars(broker.libs)
     try:
         broker.up()
         yield broker
     finally:
         stop_broker(broker)
+
+
+def link_shared_jars(libs: Path) -> None:
+    """Link the Kafka jars `pin stack up` fetched at `libs` (its folder made), so that a private
+    broker, cluster or estate starts without fetching them again."""
+    shared = LocalKafka(Settings.from_env()).libs
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    if shared.exists():
+        libs.symlink_to(shared)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +84,16 @@ def reset_broker(broker: LocalKafka) -> None:
 
 
 def empty_kafka(bootstrap: str, policy: TopicPolicy | None = None) -> None:
-    """A private broker's or cluster's state as a new one's: every consumer group deleted, every
-    topic but Kafka's own deleted (the broker no longer lists them), the project's topics created
-    again (after `policy`, or the environment's settings)."""
-    client = admin(bootstrap)
+    """A private broker's or cluster's state as a new one's: `clear_broker`, then the project's
+    topics created again (after `policy`, or the environment's settings)."""
+    clear_broker(bootstrap)
+    ensure_topics(bootstrap, ALL_TOPICS, policy)
+
+
+def clear_broker(bootstrap: str, own: Mapping[str, Any] | None = None) -> None:
+    """Every consumer group deleted, then every topic but Kafka's own (`__…`), until the broker
+    no longer lists them. `own`: the admin client's settings (a listener of its own)."""
+    client = admin(bootstrap, own)
     groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
     if groups:
         # A consumer the last module killed stays a member until its session times out: the
@@ -89,8 +103,8 @@ def empty_kafka(bootstrap: str, policy: TopicPolicy | None = None) -> None:
             timeout=GROUP_SESSION_SECONDS,
             what="the consumer groups deleted (killed consumers' sessions expired)",
         )
-    without_topics(bootstrap, tuple(t for t in _listed(bootstrap) or () if not t.startswith("__")))
-    ensure_topics(bootstrap, ALL_TOPICS, policy)
+    topics = tuple(t for t in _listed(bootstrap, own) or () if not t.startswith("__"))
+    without_topics(bootstrap, topics, own)
 
 
 #: Longer than any consumer's session timeout (librdkafka's default 45 s) that a test may kill.
@@ -112,20 +126,22 @@ def _groups_deleted(client: AdminClient, groups: list[str]) -> bool:
     return gone
 
 
-def without_topics(bootstrap: str, topics: tuple[str, ...]) -> None:
+def without_topics(
+    bootstrap: str, topics: tuple[str, ...], own: Mapping[str, Any] | None = None
+) -> None:
     """Delete `topics` and wait until the broker no longer lists them."""
-    delete_topics(bootstrap, topics)
+    delete_topics(bootstrap, topics, own)
     wait_until(
-        lambda: not set(topics) & set(admin(bootstrap).list_topics(timeout=10).topics),
+        lambda: not set(topics) & set(_listed(bootstrap, own) or topics),
         timeout=30,
         what="the topics deleted",
     )
 
 
-def _listed(bootstrap: str) -> list[str] | None:
+def _listed(bootstrap: str, own: Mapping[str, Any] | None = None) -> list[str] | None:
     """The broker's topics, or None while it does not answer."""
     try:
-        return list(admin(bootstrap).list_topics(timeout=10).topics)
+        return list(admin(bootstrap, own).list_topics(timeout=10).topics)
     except KafkaException:
         return None
 

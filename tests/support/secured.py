@@ -25,18 +25,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import KafkaException
 from psycopg import sql
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import Settings
-from pin_pipelines.kafka import admin
 from pin_pipelines.stack.clickhouse_server import LocalClickHouseServer
 from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.postgres import SUPERUSER, LocalPostgres
-from pin_pipelines.stack.process import read_pid, wait_until
+from pin_pipelines.stack.process import read_pid
 from pin_pipelines.stack.secure import SecuredEstate
 from pin_pipelines.stack.secure_kafka import SecureKafka
+from tests.support.private_kafka import clear_broker, link_shared_jars
 
 #: The reset's admin calls go to the broker's plaintext listener, as stack/secure_kafka.py's own.
 _PLAINTEXT = {"security.protocol": "PLAINTEXT"}
@@ -53,11 +52,7 @@ def secured_estate() -> Iterator[SecuredEstate]:
     root.chmod(0o711)
     settings = Settings.from_env({**os.environ, "PIN_STATE_DIR": str(root)})
     estate = SecuredEstate(settings)
-    shared_jars = LocalKafka(Settings.from_env()).libs
-    if shared_jars.exists():
-        jars = LocalKafka(settings).libs
-        jars.parent.mkdir(parents=True)
-        jars.symlink_to(shared_jars)
+    link_shared_jars(LocalKafka(settings).libs)
     try:
         yield estate
     finally:
@@ -160,33 +155,10 @@ def clear_postgres(server: LocalPostgres) -> None:
 
 
 def clear_kafka(broker: SecureKafka) -> None:
-    """Every consumer group deleted, then every topic but Kafka's own (`__…`). Nothing when it
-    does not run."""
-    if read_pid(broker.node.pidfile) is None:
-        return
-    bootstrap = broker.bootstrap("plaintext")
-    client = admin(bootstrap, _PLAINTEXT)
-    groups = [g.group_id for g in client.list_consumer_groups().result(timeout=15).valid]
-    if groups:
-        for future in client.delete_consumer_groups(groups, request_timeout=15).values():
-            future.result(timeout=15)
-    topics = [t for t in _topics(bootstrap) or () if not t.startswith("__")]
-    if topics:
-        for future in client.delete_topics(topics, operation_timeout=10).values():
-            future.result(timeout=15)
-        wait_until(
-            lambda: not set(topics) & set(_topics(bootstrap) or topics),
-            timeout=30,
-            what="the secured broker's topics deleted",
-        )
-
-
-def _topics(bootstrap: str) -> list[str] | None:
-    """The broker's topics, or None while it does not answer."""
-    try:
-        return list(admin(bootstrap, _PLAINTEXT).list_topics(timeout=10).topics)
-    except KafkaException:
-        return None
+    """Every consumer group and every topic but Kafka's own deleted, through the plaintext
+    listener. Nothing when it does not run."""
+    if read_pid(broker.node.pidfile) is not None:
+        clear_broker(broker.bootstrap("plaintext"), _PLAINTEXT)
 
 
 def clear_clickhouse(server: LocalClickHouseServer) -> None:
