@@ -57,24 +57,30 @@ ensure_uv() {
 }
 
 # The venv: requirements.lock (every dependency, exact, hash-checked; bin/lock writes it) and the
-# project itself, editable, installed by uv; pip and setuptools stay, as `python3 -m venv` made
-# them. Installed again only when requirements.lock or pyproject.toml changed since the last time.
-# Compiled to bytecode at install, as pip did: where PYTHONDONTWRITEBYTECODE is set, no import
-# writes it, and each process would compile Dagster again (about 2 s more per `pin` started).
+# project itself, editable, installed by uv into a venv without pip (nothing here uses it;
+# ensurepip alone took 3.4 CPU-s). Installed again only when requirements.lock or pyproject.toml
+# changed since the last time.
+# Bytecode is written at first import, not compiled whole at install: compiling the 157 MB of
+# sources took 21 CPU-s, of which a process imports a fraction (pin serve's processes about 2 CPU-s
+# each, once). Where PYTHONDONTWRITEBYTECODE is set no import would write it and every process
+# would compile Dagster again, so the venv's own .pth lets imports write it whatever the
+# environment says (into __pycache__ folders, which git ignores).
 ensure_venv() {
   ensure_debian_packages
   phase "python environment"
   if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV"
+    python3 -m venv --without-pip "$VENV"
   fi
   local stamp="$VENV/.pin-installed" inputs
   inputs=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs" ]; then
     ensure_uv
-    # sync: exactly the locked set (a package the lock no longer has goes), but pip and setuptools.
-    "$UV" pip sync --quiet --python "$VENV/bin/python" --require-hashes --compile-bytecode \
-      requirements.lock
+    # sync: exactly the locked set (a package the lock no longer has goes).
+    "$UV" pip sync --quiet --python "$VENV/bin/python" --require-hashes requirements.lock
     "$UV" pip install --quiet --python "$VENV/bin/python" --no-deps --editable .
+    local purelib
+    purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo 'import sys; sys.dont_write_bytecode = False' >"$purelib/pin_writes_bytecode.pth"
     echo "$inputs" >"$stamp"
   fi
   export PATH="$VENV/bin:$PATH"
