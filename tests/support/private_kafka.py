@@ -131,11 +131,12 @@ def without_topics(
 ) -> None:
     """Delete `topics` and wait until the broker no longer lists them."""
     delete_topics(bootstrap, topics, own)
-    wait_until(
-        lambda: not set(topics) & set(_listed(bootstrap, own) or topics),
-        timeout=30,
-        what="the topics deleted",
-    )
+
+    def deleted() -> bool:
+        listed = _listed(bootstrap, own)
+        return listed is not None and not set(topics) & set(listed)
+
+    wait_until(deleted, timeout=30, what="the topics deleted")
 
 
 def _listed(bootstrap: str, own: Mapping[str, Any] | None = None) -> list[str] | None:
