@@ -61,7 +61,7 @@ def build_catalogue(dsn: str, shape: Shape) -> tuple[dict[str, Any], dict[UUID, 
     timings: dict[str, Any] = {}
     started = time.perf_counter()
     with psycopg.connect(dsn) as conn:
-        # Raisers, foreign-key triggers and the tenant fill trigger stay quiet in this session.
+        # Raisers, foreign-key triggers and the groups' developer triggers stay quiet here.
         conn.execute("SET session_replication_role = replica")
         conn.execute("SET work_mem = '512MB'")
         conn.execute("SET maintenance_work_mem = '1GB'")

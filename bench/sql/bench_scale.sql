@@ -7,11 +7,12 @@
 -- Python through psycopg's copy(): generating the rows in the server costs less than parsing them.
 --
 -- The session runs with session_replication_role = replica (bench_scale.py): no raiser enqueues
--- 100,000 projects, no foreign key is checked row by row (the ids are consistent by
--- construction), and the tenant fill trigger is off (tenant_id is written). The aggregates and
--- published snapshots are then written set-based exactly as the drain would leave them, so the
--- catalogue starts consistent and quiet (empty queue, empty outbox). bench_scale.py checks that:
--- a drain of forced projects finds nothing to write, and `pin reconcile` finds no drift.
+-- 100,000 projects, no foreign key is checked row by row (the ids are consistent by construction),
+-- and the triggers that copy a project's developer to its groups are off (tenant_id is written).
+-- The aggregates and published snapshots are then written set-based exactly as the drain would
+-- leave them, so the catalogue starts consistent and quiet (empty queue, empty outbox).
+-- bench_scale.py checks that: a drain of forced projects finds nothing to write, and `pin
+-- reconcile` finds no drift.
 
 -- name: plan_projects(sizes, counts, filler_projects, filler_objects)!
 -- One row per project, in random order (objects are written project by project in this order,

@@ -43,7 +43,8 @@ class _LayoutGroupSource:
 
     id: UUID
     project_id: UUID
-    tenant_id: UUID
+    #: The project's developer: the hierarchy's, not the group's copy (layout_group_sources).
+    developer_id: UUID
     name: str
     sort_order: int
     is_archived: bool
@@ -53,7 +54,7 @@ class _LayoutGroupSource:
     def snapshot(self) -> Snapshot:
         return (
             self.project_id,
-            self.tenant_id,
+            self.developer_id,
             self.name,
             int(self.sort_order),
             bool(self.is_archived),
@@ -204,7 +205,8 @@ def versions_behind(pg_dsn: str, ch: ClickHouse, grace_seconds: float) -> Versio
 
 def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
     """Repair: one transaction per project (project row lock first, as the drain takes it), each
-    group's version bumped and its event written to the outbox. Returns the events written."""
+    group's developer set to its project's where a bypassed trigger left another, its version
+    bumped and its event written to the outbox. Returns the events written."""
     by_project: dict[UUID, list[UUID]] = defaultdict(list)
     for group_id in drift.republish:
         by_project[drift.projects[group_id]].append(group_id)
@@ -214,6 +216,7 @@ def republish_layout_groups(pg_dsn: str, drift: DimDrift) -> int:
             groups = sorted(by_project[project_id], key=str)
             with conn.transaction():
                 Q.lock_project_for_republish(conn, project_id=project_id)
+                Q.align_layout_group_tenants(conn, group_ids=groups)
                 written += int(
                     Q.republish_layout_groups(
                         conn,

@@ -25,6 +25,7 @@ from pin_pipelines.cli import main
 from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
+from pin_pipelines.devstats.dim import labels
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import (
@@ -321,6 +322,57 @@ def test_each_kind_of_dimension_drift_is_found_and_heals_through_the_pipeline(
     summary = reconcile(settings).as_dict()
     assert (summary["projects_drifted"], summary["dim_rows_drifted"]) == (0, 0), summary
     assert summary["dim_drift_by_kind"] == dict.fromkeys(summary["dim_drift_by_kind"], 0)
+
+
+def test_a_group_whose_developer_is_not_its_projects_is_drift_that_repair_fixes(
+    db: psycopg.Connection, settings: Settings, ch: ClickHouse, pipeline: Callable[[], None]
+) -> None:
+    """The dimension is compared with the hierarchy, not with the group's copy of its developer.
+    Tried: a project's two groups loaded; then the project passed from A to B by a session with
+    session_replication_role = replica, which bypasses the triggers that keep the groups' copy
+    (as every such edit did before migration 0022): the groups' tenant_id and their dimension
+    rows keep A, at the same version. Compared with that stale column, the reconciliation found
+    nothing. Now both rows are drift ("different", column developer_id: stored A, expected B);
+    `--repair` sets the groups' tenant_id to B and re-publishes them above the dimension's
+    version, and after relay and load the reconciliation finds none, B reads the names and A the
+    ids."""
+    ids = small_project(db)
+    groups_of_project = [ids["studios"], ids["lux"]]
+    pipeline()
+    assert reconcile(settings).dim.kinds == {}
+    old = db.execute(
+        "SELECT tenant_id FROM chessboard.projects WHERE id = %s", (ids["project"],)
+    ).fetchone()
+    assert old is not None
+    new = uuid.uuid4()
+    db.execute("SET session_replication_role = replica")
+    db.execute("UPDATE chessboard.projects SET tenant_id = %s WHERE id = %s", (new, ids["project"]))
+    db.execute("RESET session_replication_role")
+    tenants = db.execute(
+        "SELECT DISTINCT tenant_id FROM chessboard.layout_groups WHERE project_id = %s",
+        (ids["project"],),
+    ).fetchall()
+    assert tenants == [old]  # the copy is stale
+
+    drift = dim_layout_group_drift(settings.pg_dsn, ch)
+    assert drift.kinds == dict.fromkeys(groups_of_project, "different")
+    assert cells(drift.rows) == {
+        ("dim_layout_group", g, "developer_id", str(old[0]), str(new)) for g in groups_of_project
+    }
+
+    report = reconcile(settings, repair=True)
+    assert report.repair is not None and report.repair.layout_groups_republished == 2
+    tenants = db.execute(
+        "SELECT DISTINCT tenant_id FROM chessboard.layout_groups WHERE project_id = %s",
+        (ids["project"],),
+    ).fetchall()
+    assert tenants == [(new,)]
+    pipeline()
+    summary = reconcile(settings).as_dict()
+    assert (summary["projects_drifted"], summary["dim_rows_drifted"]) == (0, 0), summary
+    names = {str(ids["studios"]): "Студии", str(ids["lux"]): "Люкс с видом на море"}
+    assert labels(ch, new, groups_of_project) == names
+    assert labels(ch, old[0], groups_of_project) == {g: g for g in names}
 
 
 def test_versions_check_fails_only_for_rows_behind_past_the_sla(

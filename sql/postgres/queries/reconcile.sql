@@ -106,8 +106,12 @@ WHERE r.project_id = ANY(:project_ids::uuid[]);
 -- name: layout_group_sources()
 -- What dim_layout_group should hold for every layout group (archived groups and groups of
 -- archived projects included: the dimension keeps them to label old facts, spec 003 INV-DIM-LG-3).
-SELECT id, project_id, tenant_id, name, sort_order, is_archived, version
-FROM chessboard.layout_groups;
+-- The developer is read up the hierarchy, the project's tenant_id (spec 003 INV-DIM-LG-2), not
+-- the group's copy of it: a copy gone stale (its triggers bypassed) is then found too.
+SELECT g.id, g.project_id, p.tenant_id AS developer_id, g.name, g.sort_order, g.is_archived,
+       g.version
+FROM chessboard.layout_groups g
+JOIN chessboard.projects p ON p.id = g.project_id;
 
 -- name: layout_groups_changed_before(group_ids, seconds)
 -- Of the given groups, those whose current version was written more than `seconds` ago (its
@@ -123,6 +127,17 @@ WHERE id = ANY(:group_ids::uuid[])
 -- same lock first makes a re-publish and a drain of one project wait for each other instead of
 -- deadlocking on the group rows.
 SELECT id FROM chessboard.projects WHERE id = :project_id FOR UPDATE;
+
+-- name: align_layout_group_tenants(group_ids)!
+-- Before a re-publish: the given groups whose tenant_id is not their project's take it (the
+-- catalogue's triggers keep it so; a write that bypassed them, e.g. with
+-- session_replication_role = replica, did not), so the event carries the developer the
+-- reconciliation compared against.
+UPDATE chessboard.layout_groups g
+SET tenant_id = p.tenant_id
+FROM chessboard.projects p
+WHERE g.id = ANY(:group_ids::uuid[]) AND p.id = g.project_id
+  AND g.tenant_id IS DISTINCT FROM p.tenant_id;
 
 -- name: republish_layout_groups(group_ids, floor_versions)$
 -- Re-publishes groups to pin.chessboard.layout-group-upserted.v1 so dim_layout_group heals

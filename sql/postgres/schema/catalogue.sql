@@ -41,7 +41,9 @@ CREATE INDEX ix_buildings_project ON chessboard.buildings (project_id);
 CREATE TABLE chessboard.layout_groups (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL REFERENCES chessboard.projects (id) ON DELETE CASCADE,
-    -- Filled from the project when a writer leaves it out (fill_layout_group_tenant).
+    -- The project's developer (spec 003 INV-DIM-LG-2: "up the hierarchy"), never the
+    -- writer's: kept equal to projects.tenant_id by layout_group_follows_project and
+    -- project_tenant_to_layout_groups below.
     tenant_id uuid NOT NULL,
     name text NOT NULL DEFAULT '',
     sort_order int NOT NULL DEFAULT 0,
@@ -98,17 +100,57 @@ CREATE INDEX ix_property_objects_building_project
 CREATE INDEX ix_property_objects_layout_project
     ON chessboard.property_objects (layout_id, project_id);
 
-CREATE FUNCTION chessboard.fill_layout_group_tenant() RETURNS trigger
+-- A group's developer is its project's, and the events carry it (layout_group_snapshot), so
+-- it is kept in the row, right from the writer's own commit, rather than looked up when a
+-- snapshot is built: any reader of the row, the drain, the reconciliation's re-publish and a
+-- previous release's code all read the same true value, and the snapshot builders stay
+-- expressions of the row (a sub-select would stop the planner inlining them into the drain).
+-- Two triggers keep it:
+--
+-- layout_group_follows_project: on insert and on a move to another project (or a write of
+-- tenant_id itself), the row takes its project's developer, whatever the writer gave. The
+-- project row is read FOR SHARE: a developer change of that project in flight (which rewrites
+-- the groups it can see, below) is waited for and its new developer read; one that starts
+-- later waits for this transaction and then sees the group. Without the lock the two could
+-- miss each other and leave the group with the old developer. A project that does not exist
+-- leaves the row as written (the foreign key then refuses it).
+CREATE FUNCTION chessboard.layout_group_follows_project() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_tenant_id uuid;
 BEGIN
-    IF NEW.tenant_id IS NULL THEN
-        SELECT p.tenant_id INTO NEW.tenant_id FROM chessboard.projects p WHERE p.id = NEW.project_id;
+    SELECT p.tenant_id INTO v_tenant_id
+    FROM chessboard.projects p WHERE p.id = NEW.project_id
+    FOR SHARE;
+    IF FOUND THEN
+        NEW.tenant_id := v_tenant_id;
     END IF;
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER layout_groups_fill_tenant BEFORE INSERT ON chessboard.layout_groups
-    FOR EACH ROW EXECUTE FUNCTION chessboard.fill_layout_group_tenant();
+CREATE TRIGGER layout_groups_follow_project_insert BEFORE INSERT ON chessboard.layout_groups
+    FOR EACH ROW EXECUTE FUNCTION chessboard.layout_group_follows_project();
+CREATE TRIGGER layout_groups_follow_project_update
+    BEFORE UPDATE OF project_id, tenant_id ON chessboard.layout_groups
+    FOR EACH ROW EXECUTE FUNCTION chessboard.layout_group_follows_project();
+
+-- project_tenant_to_layout_groups: a project passed to another developer passes its groups, in
+-- the same statement's transaction (one set-based UPDATE per project). The project's own raiser
+-- enqueues it (projects_raise); its drain then publishes every group whose snapshot's TenantId
+-- moved. hierarchy_raise counts tenant_id among the derived columns, so these writes add no
+-- second request.
+CREATE FUNCTION chessboard.project_tenant_to_layout_groups() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE chessboard.layout_groups g
+    SET tenant_id = NEW.tenant_id
+    WHERE g.project_id = NEW.id AND g.tenant_id IS DISTINCT FROM NEW.tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER projects_tenant_to_layout_groups AFTER UPDATE OF tenant_id ON chessboard.projects
+    FOR EACH ROW WHEN (OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
+    EXECUTE FUNCTION chessboard.project_tenant_to_layout_groups();
 
 -- JIT compilation is for long analytical queries. The recompute of a big project crosses
 -- jit_above_cost once the table is large (the planner prices its bitmap scan of a project's

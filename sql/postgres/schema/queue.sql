@@ -136,14 +136,17 @@ $$;
 
 -- layouts, buildings and layout groups: any change of a source field, in the old and the new
 -- project of a moved row. The recalc's own writes (counters, bounds, version, updated_at,
--- published_snapshot) are excluded, or every drain would enqueue again.
+-- published_snapshot) are excluded, or every drain would enqueue again; so is a group's
+-- tenant_id, its project's developer copied by the catalogue's triggers (catalogue.sql): a
+-- developer change is the project's edit, enqueued once by projects_raise.
 CREATE FUNCTION chessboard.hierarchy_raise() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     reason text := TG_ARGV[0];
     derived text[] := ARRAY['version', 'updated_at', 'property_objects_count',
                             'property_objects_total_count', 'property_objects_free_count',
-                            'layouts_count', 'area_min', 'area_max', 'published_snapshot'];
+                            'layouts_count', 'area_min', 'area_max', 'published_snapshot',
+                            'tenant_id'];
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM chessboard.enqueue_touched_projects(
