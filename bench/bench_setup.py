@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,7 +73,8 @@ def one_try(commit: str, folder: Path) -> dict[str, object]:
                 break
             time.sleep(0.5)
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
+        with suppress(ProcessLookupError):  # bin/up failed: its session may be gone
+            os.killpg(up.pid, signal.SIGTERM)
         try:
             up.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -86,6 +88,8 @@ def one_try(commit: str, folder: Path) -> dict[str, object]:
         for m in map(PHASE.match, log_path.read_text().splitlines())
         if m
     }
+    if seconds is None:
+        log("no UI", commit=commit, log_tail=log_path.read_text()[-2000:])
     return {"commit": commit, "ui_seconds": seconds, "phases": phases}
 
 
