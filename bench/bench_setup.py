@@ -110,6 +110,7 @@ def main() -> None:
     }
     tries: dict[str, list[dict[str, object]]] = {"baseline": [], "candidate": []}
     root = Path(tempfile.mkdtemp(prefix="bench-setup-"))
+    root.chmod(0o711)  # PostgreSQL's OS user goes through it to its data folder
     try:
         for pair in range(args.pairs):
             for role, commit in commits.items():
