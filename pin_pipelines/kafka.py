@@ -122,6 +122,13 @@ def admin(bootstrap: str, own: Mapping[str, Any] | None = None) -> AdminClient:
     return AdminClient(client_config(bootstrap, own))
 
 
+def check_broker(bootstrap: str, timeout: float = 10.0) -> None:
+    """One metadata request with the project's client settings (PIN_KAFKA_CONFIG's TLS and
+    SASL), a broker still settling waited for within `timeout`: an unreachable or refusing
+    broker is a PinError naming it and the cause (a worker's start, worker.check_services)."""
+    _metadata(admin(bootstrap), bootstrap, timeout)
+
+
 def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     try:
         admin(bootstrap).list_topics(timeout=timeout)
