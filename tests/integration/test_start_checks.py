@@ -96,9 +96,7 @@ def test_a_loader_with_nothing_to_load_checks_clickhouse_at_its_start(
 
     result = _started(("devstats", "load", *(["--once"] if once else [])), env)
 
-    assert_one_line_error(
-        result, "the dimension loader cannot start", f"ClickHouse at {address}", cause
-    )
+    assert_one_line_error(result, "the dimension loader cannot start", "ClickHouse", address, cause)
     assert WRONG_PASSWORD not in result.stdout + result.stderr
     assert all(o < 0 for o in committed(bootstrap, TOPIC_LAYOUT_GROUP, DEFAULT_GROUP).values())
 
