@@ -15,10 +15,11 @@ import dagster as dg
 import pytest
 from confluent_kafka import Producer
 
+from pin_pipelines.definitions import defs
 from pin_pipelines.defs.devstats.assets import dim_layout_group
 from pin_pipelines.defs.devstats.freshness import (
     LAST_UPDATED,
-    dim_layout_group_freshness_checks,
+    dim_layout_group_freshness_schedule,
     dim_layout_group_last_update_sensor,
 )
 from pin_pipelines.defs.resources import RESOURCES
@@ -29,18 +30,6 @@ from tests.support.devstats import Group
 
 #: An event that waits unloaded this long is past the SLA by far.
 LATE_SECONDS = 2 * FRESHNESS_SLA_SECONDS
-
-CHECK_JOB = "dim_layout_group_freshness_check_job"
-CHECKS = dg.Definitions(
-    assets=[dim_layout_group],
-    asset_checks=dim_layout_group_freshness_checks,
-    jobs=[
-        dg.define_asset_job(
-            CHECK_JOB, selection=dg.AssetSelection.checks(*dim_layout_group_freshness_checks)
-        )
-    ],
-    resources=RESOURCES,
-)
 
 
 def _observe(instance: dg.DagsterInstance) -> dg.AssetObservation:
@@ -56,7 +45,8 @@ def _observe(instance: dg.DagsterInstance) -> dg.AssetObservation:
 
 
 def _freshness(instance: dg.DagsterInstance) -> dg.AssetCheckEvaluation:
-    result = CHECKS.resolve_job_def(CHECK_JOB).execute_in_process(instance=instance)
+    job = defs.resolve_job_def(dim_layout_group_freshness_schedule.job_name)
+    result = job.execute_in_process(instance=instance)
     [evaluation] = result.get_asset_check_evaluations()
     return evaluation
 

@@ -10,8 +10,8 @@ from pin_pipelines.defs.devstats.checks import (
     dim_layout_group_versions_schedule,
 )
 from pin_pipelines.defs.devstats.freshness import (
-    dim_layout_group_freshness_checks,
-    dim_layout_group_freshness_checks_sensor,
+    dim_layout_group_freshness_check,
+    dim_layout_group_freshness_schedule,
     dim_layout_group_last_update_sensor,
 )
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
@@ -22,13 +22,16 @@ defs = dg.Definitions(
     asset_checks=[
         dim_layout_group_fresh,
         dim_layout_group_versions_current,
-        *dim_layout_group_freshness_checks,
+        dim_layout_group_freshness_check,
     ],
     jobs=[dim_layout_group_job, dim_layout_group_backfill_job],
     sensors=[
         dim_layout_group_sensor,
         dim_layout_group_last_update_sensor,
-        dim_layout_group_freshness_checks_sensor,
     ],
-    schedules=[dim_layout_group_fresh_schedule, dim_layout_group_versions_schedule],
+    schedules=[
+        dim_layout_group_fresh_schedule,
+        dim_layout_group_versions_schedule,
+        dim_layout_group_freshness_schedule,
+    ],
 )
