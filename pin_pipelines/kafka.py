@@ -122,6 +122,13 @@ def admin(bootstrap: str, own: Mapping[str, Any] | None = None) -> AdminClient:
     return AdminClient(client_config(bootstrap, own))
 
 
+def check_broker(bootstrap: str, timeout: float = 10.0) -> None:
+    """One metadata request with the project's client settings (PIN_KAFKA_CONFIG's TLS and
+    SASL), a broker still settling waited for within `timeout`: an unreachable or refusing
+    broker is a PinError naming it and the cause (a worker's start, worker.check_services)."""
+    _metadata(admin(bootstrap), bootstrap, timeout)
+
+
 def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     try:
         admin(bootstrap).list_topics(timeout=timeout)
@@ -281,31 +288,48 @@ def check_topics(
     return weaker
 
 
+@dataclass(frozen=True)
+class Changelogs:
+    """What `compact_changelogs` did: the topics it changed, and one line per topic setting it
+    left as the operator chose because the broker would refuse the change beside it."""
+
+    changed: list[str]
+    conflicts: list[str]
+
+
 def compact_changelogs(
     bootstrap: str,
     topics: tuple[str, ...] = CHANGELOG_TOPICS,
     min_compaction_lag_ms: int = DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS,
-) -> list[str]:
+) -> Changelogs:
     """Bring the existing `topics` to the changelog policy (changelog_config) in place, with an
     incremental config change: the topic, its id, offsets and other configs stay; a topic is
-    never re-created. Returns those changed (already compacted with that lag: left alone)."""
+    never re-created. Topics already compacted with that lag are left alone.
+
+    A topic whose own max.compaction.lag.ms (an operator's choice: pin never sets it) is below
+    `min_compaction_lag_ms` keeps its min.compaction.lag.ms: the broker refuses a min above the
+    max, and that refusal used to fail the whole change, the other topics' with it. It is still
+    made compacted (the contract), and the conflict is one line naming both settings."""
     client = admin(bootstrap)
     present = [t for t in topics if t in _metadata(client, bootstrap).topics]
     wanted = changelog_config(min_compaction_lag_ms)
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present]
-    changes = []
+    changes, conflicts = [], []
     for resource, future in (client.describe_configs(resources) if resources else {}).items():
         try:
             configs = future.result(timeout=15)
         except KafkaException as exc:
             raise PinError(f"reading the configs of Kafka topic {resource.name}: {exc}") from exc
-        if any(
-            configs.get(name) is None or configs[name].value != value
-            for name, value in wanted.items()
-        ):
+        found = {name: entry.value for name, entry in configs.items()}
+        differing = {name: value for name, value in wanted.items() if found.get(name) != value}
+        conflict = _lag_conflict(resource.name, found, min_compaction_lag_ms)
+        if conflict is not None and "min.compaction.lag.ms" in differing:
+            del differing["min.compaction.lag.ms"]
+            conflicts.append(conflict)
+        if differing:
             entries = [
                 ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
-                for name, value in wanted.items()
+                for name, value in differing.items()
             ]
             changes.append(
                 ConfigResource(
@@ -319,7 +343,22 @@ def compact_changelogs(
             raise PinError(
                 f"Kafka at {bootstrap}: making topic {resource.name} compacted failed: {exc}"
             ) from exc
-    return sorted(r.name for r in changes)
+    return Changelogs(sorted(r.name for r in changes), sorted(conflicts))
+
+
+def _lag_conflict(topic: str, found: Mapping[str, str | None], min_lag_ms: int) -> str | None:
+    """The line saying why `topic` keeps its min.compaction.lag.ms, or None when the broker
+    would take `min_lag_ms` (it refuses a min.compaction.lag.ms above max.compaction.lag.ms)."""
+    max_lag = found.get("max.compaction.lag.ms")
+    if max_lag is None or int(max_lag) >= min_lag_ms:
+        return None
+    return (
+        f"{topic}: min.compaction.lag.ms {min_lag_ms} (PIN_KAFKA_MIN_COMPACTION_LAG_MS) is above "
+        f"the topic's max.compaction.lag.ms {max_lag}, which the broker refuses: "
+        f"min.compaction.lag.ms left at {found.get('min.compaction.lag.ms')}; lower "
+        f"PIN_KAFKA_MIN_COMPACTION_LAG_MS to {max_lag} or less, or raise the topic's "
+        "max.compaction.lag.ms"
+    )
 
 
 def delete_topics(

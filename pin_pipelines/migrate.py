@@ -3,8 +3,11 @@ database and the Kafka topics. Each step is idempotent."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -15,7 +18,10 @@ from yoyo.migrations import MigrationList
 from pin_pipelines.config import SQL_DIR, Settings, dagster_pg_dsn, with_driver
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError, first_line
+from pin_pipelines.logs import log_event
 from pin_pipelines.redact import redact_url
+
+log = logging.getLogger("pin_pipelines.migrate")
 
 PG_MIGRATIONS = SQL_DIR / "postgres" / "migrations"
 PG_SCHEMA = SQL_DIR / "postgres" / "schema"
@@ -136,8 +142,10 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     """Every step; Kafka topics are created after the settings' TopicPolicy, and existing ones
     weaker than it (fewer partitions, lower replication factor or min.insync.replicas) fail the
     migration unless `allow_weaker_topics`: a production cluster must not run on topics that lose
-    events with one broker. Existing snapshot topics are made compacted changelogs in place. A
-    topic is never shrunk nor recreated."""
+    events with one broker. Existing snapshot topics are made compacted changelogs in place; a
+    topic setting the operator chose that the broker would refuse the lag setting beside is
+    kept, and reported (`kafka_topics_conflicts`, a warning line each). A topic is never shrunk
+    nor recreated. A failed Kafka step says which one failed: what came before it is applied."""
     from pin_pipelines.clickhouse import migrate_clickhouse, open_clickhouse
     from pin_pipelines.kafka import TopicPolicy, check_topics, compact_changelogs, ensure_topics
 
@@ -148,14 +156,19 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
     ) as ch:
         clickhouse_applied = migrate_clickhouse(ch, settings.clickhouse_cluster)
     policy = TopicPolicy.from_settings(settings)
-    try:
-        topics = ensure_topics(settings.kafka_bootstrap, policy=policy)
-        compacted = compact_changelogs(
-            settings.kafka_bootstrap, min_compaction_lag_ms=policy.min_compaction_lag_ms
-        )
-        weaker = check_topics(settings.kafka_bootstrap, policy=policy)
-    except PinError as exc:
-        raise PinError(f"schema migrated, but Kafka topics were not created: {exc}") from exc
+    bootstrap = settings.kafka_bootstrap
+    topics = _kafka_step(
+        "Kafka topics were not created", lambda: ensure_topics(bootstrap, policy=policy)
+    )
+    changelogs = _kafka_step(
+        "the snapshot topics were not made compacted changelogs",
+        lambda: compact_changelogs(bootstrap, min_compaction_lag_ms=policy.min_compaction_lag_ms),
+    )
+    for conflict in changelogs.conflicts:
+        log_event(log, "kafka_topic_config_conflict", level=logging.WARNING, conflict=conflict)
+    weaker = _kafka_step(
+        "the Kafka topics could not be checked", lambda: check_topics(bootstrap, policy=policy)
+    )
     if weaker and not allow_weaker_topics:
         raise PinError(
             f"schema migrated, but Kafka topics are weaker than configured: {'; '.join(weaker)} "
@@ -167,6 +180,20 @@ def migrate_all(settings: Settings, *, allow_weaker_topics: bool = False) -> dic
         "clickhouse_applied": clickhouse_applied,
         "kafka_topics_created": topics,
         # Existing snapshot topics brought to the changelog policy in place (CONTRACT §9).
-        "kafka_topics_compacted": compacted,
+        "kafka_topics_compacted": changelogs.changed,
+        "kafka_topics_conflicts": changelogs.conflicts,
         "kafka_topics_weaker": weaker,
     }
+
+
+T = TypeVar("T")
+
+
+def _kafka_step(failed: str, step: Callable[[], T]) -> T:
+    """A Kafka step of `migrate_all`, its failure saying that the schema was migrated and what
+    was not done (before, every Kafka failure said the topics "were not created", also when
+    they existed and only a config change was refused)."""
+    try:
+        return step()
+    except PinError as exc:
+        raise PinError(f"schema migrated, but {failed}: {exc}") from exc

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self, TypeVar
+
+from pin_pipelines.errors import PinError, first_line
 
 #: How often a wait looks at the stop flag: a stop (a signal handler's flag, a Dagster run's
 #: termination) is obeyed within this, while a wait costs no measurable CPU.
@@ -52,6 +54,22 @@ class Budget:
         until = min(time.monotonic() + seconds, self.deadline)
         while not self.should_stop() and (left := until - time.monotonic()) > 0:
             time.sleep(min(left, STOP_POLL_SECONDS))
+
+
+def check_services(worker: str, checks: Sequence[Callable[[], object]]) -> None:
+    """A worker's start: reach every service it will need, whether or not there is work yet, so
+    a wrong password or address fails the start, not the first event hours later (a load that
+    found nothing new reported `complete` while it could not write). Each check is bounded by
+    its client's own timeouts and raises a PinError naming its service and the cause; every
+    check runs, and the failures are one line: `<worker> cannot start: <service: cause>; …`."""
+    failures = []
+    for check in checks:
+        try:
+            check()
+        except PinError as exc:
+            failures.append(first_line(exc))
+    if failures:
+        raise PinError(f"{worker} cannot start: {'; '.join(failures)}")
 
 
 class Mergeable(Protocol):

@@ -59,11 +59,11 @@ from pin_pipelines.devstats.offsets import (
 from pin_pipelines.devstats.progress import PartitionProgress
 from pin_pipelines.devstats.replay import EVERY_GROUP, IdRange, RangedReplay
 from pin_pipelines.errors import PinError
-from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP
+from pin_pipelines.kafka import TOPIC_DEVSTATS_DLQ, TOPIC_LAYOUT_GROUP, check_broker
 from pin_pipelines.kafka_properties import failure
 from pin_pipelines.quantiles import Reservoir
 from pin_pipelines.tracing import links_to, tracer, tracing_enabled
-from pin_pipelines.worker import Budget, never
+from pin_pipelines.worker import Budget, check_services, never
 
 log = logging.getLogger("pin_pipelines.devstats")
 
@@ -182,6 +182,13 @@ def _load(
         RenewableConsumer(settings.kafka_bootstrap, options.group) as consumers,
         _collector_paused(),
     ):
+        # ClickHouse is reached lazily, at the first batch: with nothing new in the topic a wrong
+        # password passed for good. PostgreSQL is not checked: the loader's counters are best
+        # effort (_Counters), never a reason to stop loading.
+        check_services(
+            "the dimension loader",
+            [lambda: ch.rows("SELECT 1"), lambda: check_broker(settings.kafka_bootstrap)],
+        )
         writers = [ch] + [
             more_connections.enter_context(
                 open_clickhouse(

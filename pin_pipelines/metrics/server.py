@@ -13,9 +13,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pin_pipelines.config import DEFAULT_METRICS_ADDR, Settings
 from pin_pipelines.db import connect
 from pin_pipelines.errors import PinError
+from pin_pipelines.kafka import check_broker
 from pin_pipelines.logs import log_event
 from pin_pipelines.metrics.collector import PinCollector, sources
 from pin_pipelines.signals import stop_requested
+from pin_pipelines.worker import check_services
 
 log = logging.getLogger("pin_pipelines.metrics")
 
@@ -59,14 +61,21 @@ def start_metrics_server(settings: Settings, port: int, addr: str = DEFAULT_ADDR
 def serve_metrics(settings: Settings, port: int | None = None, addr: str | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then close the socket and return (exit status 0).
 
-    PostgreSQL is checked first: an exporter started against a wrong PIN_PG_DSN fails now, with
-    one line, instead of serving `pin_metrics_source_up 0` forever. Later outages of any source
-    are reported per scrape. The signals are handled here, not left to Python's defaults, which
-    an inherited SIG_IGN disables (see pin_pipelines.signals); the main thread polls the flag,
-    since a handler must not take the locks a waiting `threading.Event` holds.
+    Its sources (PostgreSQL, Kafka) are checked first: an exporter started against a wrong
+    PIN_PG_DSN or PIN_KAFKA_BOOTSTRAP fails now, with one line, instead of serving
+    `pin_metrics_source_up 0` forever. Later outages of any source are reported per scrape.
+    The signals are handled here, not left to Python's defaults, which an inherited SIG_IGN
+    disables (see pin_pipelines.signals); the main thread polls the flag, since a handler must
+    not take the locks a waiting `threading.Event` holds.
     """
     stopping = stop_requested()
-    connect(settings.pg_dsn).close()
+    check_services(
+        "the metrics exporter",
+        [
+            lambda: connect(settings.pg_dsn).close(),
+            lambda: check_broker(settings.kafka_bootstrap),
+        ],
+    )
     bind = addr or settings.metrics_addr
     metrics = start_metrics_server(settings, settings.metrics_port if port is None else port, bind)
     log_event(log, "metrics_serving", url=f"http://{bind}:{metrics.port}/metrics")

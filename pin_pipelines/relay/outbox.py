@@ -41,7 +41,7 @@ from pin_pipelines.db import (
     unmigrated,
 )
 from pin_pipelines.errors import PinError, first_line
-from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, ensure_topics
+from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, check_broker, ensure_topics
 from pin_pipelines.logs import log_event
 from pin_pipelines.relay import receipts
 from pin_pipelines.relay.metrics import backlog
@@ -49,7 +49,7 @@ from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
 from pin_pipelines.relay.summary import RelaySummary
 from pin_pipelines.sql_faces import OutboxQueries
 from pin_pipelines.tracing import tracer
-from pin_pipelines.worker import Budget, Retry, never, run_until_spent
+from pin_pipelines.worker import Budget, Retry, check_services, never, run_until_spent
 
 Q = queries("outbox", OutboxQueries)
 
@@ -110,6 +110,15 @@ class OutboxRelay:
             self._conn.close()
             self._conn = None
 
+    def check_services(self) -> None:
+        """PostgreSQL (this relay's session, kept for its runs) and Kafka reached before the first
+        run: an empty outbox touches no broker, so a wrong Kafka setting would otherwise pass for
+        good until the first event (worker.check_services)."""
+        check_services(
+            "the outbox relay",
+            [self._connection, lambda: check_broker(self.settings.kafka_bootstrap)],
+        )
+
     def run_once(self, should_stop: Callable[[], bool] = never) -> RelaySummary:
         """Publish every event committed before this call; returns what was done. `should_stop`
         is checked between batches: the batch in hand commits (or aborts) whole first."""
@@ -153,6 +162,7 @@ class OutboxRelay:
         broker or database coming back is enough for the relay to resume (with a new producer:
         a failed run drops its own). A stop lets the batch in hand finish.
         """
+        self.check_services()
         budget = Budget(should_stop=should_stop)
         into = total if total is not None else RelaySummary()
 
@@ -590,6 +600,7 @@ def relay_once(settings: Settings, **options: Any) -> RelaySummary:
     lost then, and nothing is published twice.
     """
     with OutboxRelay(settings, **options) as relay:
+        relay.check_services()
         return relay.run_once()
 
 

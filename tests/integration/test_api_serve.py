@@ -257,6 +257,11 @@ def test_a_loader_started_after_the_api_loads_through_it(
         pytest.param(
             "clickhouse-down", "the dimension cannot be read", id="clickhouse-unreachable"
         ),
+        pytest.param(
+            "clickhouse-wrong-password",
+            "authentication failed for user 'default'",
+            id="clickhouse-wrong-password",
+        ),
         pytest.param("port-in-use", "cannot listen on 127.0.0.1", id="port-in-use"),
         pytest.param("bad-port", "PIN_API_PORT must be a port number", id="bad-port"),
     ],
@@ -283,6 +288,9 @@ def test_bad_settings_and_unreachable_services_fail_in_one_line(
             env["PIN_CLICKHOUSE_URL"] = (
                 f"clickhouse://default@127.0.0.1:{free_port()}/pin_dev_stats"
             )
+        elif case == "clickhouse-wrong-password":
+            scheme, host = clickhouse_server_url.split("://default@", 1)
+            env["PIN_CLICKHOUSE_URL"] = f"{scheme}://default:not-the-password@{host}"
         elif case == "port-in-use":
             taken.bind(("127.0.0.1", 0))
             taken.listen()

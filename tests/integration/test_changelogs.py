@@ -26,6 +26,7 @@ from pin_pipelines.config import DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS
 from pin_pipelines.devstats.offsets import DEFAULT_GROUP
 from pin_pipelines.kafka import (
     CHANGELOG_TOPICS,
+    TOPIC_LAYOUT,
     TOPIC_LAYOUT_GROUP,
     admin,
 )
@@ -154,6 +155,62 @@ def test_migrate_makes_existing_snapshot_topics_compacted_in_place(
             2,
         ]
     assert _summary("db", "migrate", env=env)["kafka_topics_compacted"] == []
+
+
+def test_migrate_keeps_a_max_compaction_lag_the_operator_set_and_says_so_in_one_line(
+    kafka: LocalKafka,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: the three snapshot topics created with the delete policy, the layout topic with an
+    operator's max.compaction.lag.ms of one day (and min.compaction.lag.ms 0), below the
+    setting's 7-day min.compaction.lag.ms; then `pin db migrate`, twice. Before, the broker
+    refused the layout topic's change (a min above the max), every topic's change with it, and
+    migrate failed saying the topics "were not created" (they existed). Now it exits 0: every
+    topic is compacted, the other two with the setting's lag, the layout topic keeps the
+    operator's two settings, and one line of the summary's `kafka_topics_conflicts` (and a
+    warning line on stderr) names the topic and both settings. The second migrate changes
+    nothing and reports the same conflict."""
+    bootstrap = kafka.settings.kafka_bootstrap
+    client = admin(bootstrap)
+    without_topics(bootstrap, CHANGELOG_TOPICS)
+    one_day = str(24 * 3600 * 1000)
+    operator = {"max.compaction.lag.ms": one_day, "min.compaction.lag.ms": "0"}
+    created = client.create_topics(
+        [
+            NewTopic(t, 2, 1, config={"cleanup.policy": "delete", **operator})
+            if t == TOPIC_LAYOUT
+            else NewTopic(t, 2, 1, config={"cleanup.policy": "delete"})
+            for t in CHANGELOG_TOPICS
+        ]
+    )
+    for future in created.values():
+        future.result(timeout=15)
+    env = _env(bootstrap, pg_dsn, tmp_path)
+
+    first = run_pin("db", "migrate", env=env, timeout=240)
+
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert summary["kafka_topics_compacted"] == sorted(CHANGELOG_TOPICS)
+    [conflict] = summary["kafka_topics_conflicts"]
+    assert conflict.startswith(f"{TOPIC_LAYOUT}: min.compaction.lag.ms ")
+    assert "PIN_KAFKA_MIN_COMPACTION_LAG_MS" in conflict
+    assert f"the topic's max.compaction.lag.ms {one_day}" in conflict
+    warnings = [line for line in first.stderr.splitlines() if "kafka_topic_config_conflict" in line]
+    assert len(warnings) == 1 and TOPIC_LAYOUT in warnings[0], first.stderr
+    for topic in CHANGELOG_TOPICS:
+        configs = _configs(bootstrap, topic)
+        lags = (configs["min.compaction.lag.ms"], configs["max.compaction.lag.ms"])
+        assert configs["cleanup.policy"] == "compact"
+        if topic == TOPIC_LAYOUT:
+            assert lags == ("0", one_day)
+        else:
+            assert lags[0] == str(DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS)
+
+    again = _summary("db", "migrate", env=env)
+    assert again["kafka_topics_compacted"] == []
+    assert again["kafka_topics_conflicts"] == [conflict]
 
 
 def test_a_backfill_after_compaction_brings_back_the_newest_snapshot_of_every_group(

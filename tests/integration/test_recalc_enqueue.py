@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pin_pipelines.recalc.drain import drain_tick
-from pin_pipelines.recalc.enqueue import force_recalc
+from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -21,6 +21,7 @@ from tests.support.chessboard import (
     make_object,
     make_project,
 )
+from tests.support.cli import assert_one_line_error, run_pin
 from tests.support.recalc import (
     clear_queue,
     drain_all,
@@ -580,3 +581,35 @@ def test_a_recomputed_rows_updated_at_is_its_recompute_transactions_now(db, pg_d
     stamps = {t: at for t, (_, at) in after.items()}
     assert len(set(stamps.values())) == 1, stamps
     assert clock < stamps["projects"] <= after_clock
+
+
+def test_the_queue_takes_exactly_the_known_reasons_and_refuses_any_other(db):
+    """The queue's reasons are spec 000's RecalcTriggerReason plus the two operator paths
+    (`Manual`: `pin recalc request` and the force-recalc job; `Reconcile`: `pin reconcile
+    --repair`), docs/spec-readings.md. Tried: every RecalcReason through
+    request_project_recalc (each one taken: the enum and the column's CHECK agree), then an
+    unknown reason for a project not queued and for a queued one (refused with check_violation:
+    no row made, the queued row as it was), and `pin recalc request --reason` with it (one line
+    listing the reasons, nothing queued). This already held; no test read it."""
+    project = make_project(db)
+    tenant = _tenant(db, project)
+    clear_queue(db)
+    for reason in RecalcReason:
+        _request(db, project, tenant, str(reason))
+        assert queue_row(db, project)["last_reason"] == str(reason)
+    queued = queue_row(db, project)
+    assert queued["requested_count"] == len(RecalcReason)
+
+    other = make_project(db)
+    clear_queue(db)
+    _request(db, project, tenant, "Manual")
+    queued = queue_row(db, project)
+    for target in (other, project):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            _request(db, target, tenant, "PriceChanged")
+    assert queue_row(db, other) is None
+    assert queue_row(db, project) == queued
+
+    refused = run_pin("recalc", "request", "--project-id", str(other), "--reason", "PriceChanged")
+    assert_one_line_error(refused, "--reason must be one of", *(str(r) for r in RecalcReason))
+    assert queue_row(db, other) is None

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pin_pipelines.worker import Budget, Retry, run_until_spent
+from pin_pipelines.errors import PinError
+from pin_pipelines.worker import Budget, Retry, check_services, run_until_spent
 
 #: Generous against a loaded CI machine, still far below the waits a broken stop would take.
 PROMPT = 0.2
@@ -149,3 +150,35 @@ def test_any_other_failure_ends_the_loop_and_the_total_keeps_what_was_done(
     with pytest.raises(ValueError, match="a bug"):
         run_until_spent(run_once, Budget(), total, idle_seconds=0, retry=retry)
     assert total.items == [1]
+
+
+def test_a_start_check_runs_every_check_and_names_every_failure_in_one_line() -> None:
+    """Every service is checked even after one failed (an operator fixes all at once), the
+    failures' first lines joined into one PinError naming the worker; a check that passes is not
+    mentioned. Anything but a PinError is a bug, not a bad setting: it is raised as it came."""
+    ran: list[str] = []
+
+    def failing(name: str, message: str) -> Callable[[], None]:
+        def check() -> None:
+            ran.append(name)
+            raise PinError(message)
+
+        return check
+
+    with pytest.raises(PinError) as raised:
+        check_services(
+            "the loader",
+            [
+                failing("clickhouse", "ClickHouse at h:9000: authentication failed\nstack"),
+                lambda: ran.append("postgres"),
+                failing("kafka", "Kafka at h:9092 is unreachable"),
+            ],
+        )
+    assert ran == ["clickhouse", "postgres", "kafka"]
+    assert str(raised.value) == (
+        "the loader cannot start: ClickHouse at h:9000: authentication failed; "
+        "Kafka at h:9092 is unreachable"
+    )
+    check_services("the loader", [lambda: None])  # nothing failed: nothing raised
+    with pytest.raises(ZeroDivisionError):
+        check_services("the loader", [lambda: 1 / 0])
