@@ -1,7 +1,7 @@
 """Idle cost of `pin serve`: every local service at rest, nothing edited. Prints ONE JSON line
 (progress on stderr).
 
-    .venv/bin/python bench/bench_idle.py [--settle 60] [--window 330] [--baseline DIR]
+    .venv/bin/python bench/bench_idle.py [--settle 60] [--window SECONDS] [--baseline DIR]
 
 `pin serve` runs on a catalogue database of its own (--database, default pin_lean_idle, loaded
 with `pin sample load` as `bin/up` does), its own Dagster storage database (<database>_dagster),
@@ -12,8 +12,8 @@ PostgreSQL is the shared server: only the backends of the two databases count, a
 transactions from `pg_stat_database`.
 
 After start-up (the UI answers) and a settle minute (the sample's drain and relay done), over the
-window (default 330 s: a long run's hand-over of each of the relay and the load falls in any
-window longer than PIN_LONG_RUN_SECONDS, 300 s), reported:
+window (default PIN_LONG_RUN_SECONDS + 30 s of the code measured: a hand-over of each of the
+relay and the load falls in any window longer than a run), reported:
 
 - `cpu_percent_of_one_core` and `rss_mib` (mean over the window, and the max) by role, from
   /proc: `pin serve` (with its sweeper), the daemon, the webserver, code servers, run workers by
@@ -63,7 +63,7 @@ from _cpu import postmaster_pid, proc_cmdline, proc_stat
 from scale.databases import drop_database
 from scale.services import Private
 
-from pin_pipelines.config import SOURCE_ROOT, dagster_pg_url_from, dsn_with_dbname
+from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_url_from, dsn_with_dbname
 from pin_pipelines.stack.process import port_open, stop_child
 
 #: Tracked processes (and the server's new backends) are read this often.
@@ -98,12 +98,13 @@ def role_of(command: str, parent_role: str | None) -> str:
 def short_command(command: str) -> str:
     """A command line without its long arguments: the program and the first words."""
     words = [w for w in command.split() if not w.startswith("-") or w == "-m"][:4]
-    return " ".join(Path(words[0]).name if i == 0 else w for i, w in enumerate(words))[:80]
+    return " ".join(Path(w).name if "/" in w else w for w in words)[:80]
 
 
 @dataclass
 class Process:
     pid: int
+    parent: int
     started: int  # ticks since boot: with the pid, the process's identity
     role: str
     command: str
@@ -164,7 +165,7 @@ class RoleSampler:
         if found is None:
             return
         # cpu_at_window stays None for one started in the window: its whole life counts.
-        process = Process(pid, found[2], role, command, database, cpu=found[1])
+        process = Process(pid, found[0], found[2], role, command, database, cpu=found[1])
         self._live[pid] = process
         self.processes.append(process)
 
@@ -383,7 +384,13 @@ def _figures(
     window_end = window_start + seconds
 
     def role(p: Process) -> str:
-        return f"run worker {job_of_pid.get(p.pid, '?')}" if p.role == "run worker" else p.role
+        """A run worker by its run's job; a process it started (its own resource tracker, a
+        reader of the embedded ClickHouse) under the same job."""
+        if p.role != "run worker":
+            return p.role
+        if p.pid in job_of_pid:
+            return f"run worker {job_of_pid[p.pid]}"
+        return f"run worker {job_of_pid.get(p.parent, '?')} (child)"
 
     cpu: dict[str, float] = defaultdict(float)
     rss: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -396,7 +403,7 @@ def _figures(
         for index, kib in p.rss_kib.items():
             rss[role(p)][index] += kib
         if p.cpu_at_window is None and p.database is None and p.seen_at <= window_end:
-            label = role(p) if p.role == "run worker" else f"{p.role}: {short_command(p.command)}"
+            label = f"{role(p)}: {short_command(p.command)}"
             started[label] += 1
         run = run_of_pid.get(p.pid)
         if run and run["started"] and p.cpu_series and p.cpu_at_window is None:
@@ -506,7 +513,13 @@ def ratios(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--settle", type=float, default=60.0, help="seconds")
-    parser.add_argument("--window", type=float, default=330.0, help="seconds")
+    parser.add_argument(
+        "--window",
+        type=float,
+        # Holds one hand-over of each long run, whatever PIN_LONG_RUN_SECONDS says.
+        default=Settings.from_env().long_run_seconds + 30.0,
+        help="seconds (default PIN_LONG_RUN_SECONDS + 30)",
+    )
     parser.add_argument("--database", default="pin_lean_idle")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PIN_DAGSTER_PORT", 3103)))
     parser.add_argument("--baseline", type=Path, help="the code to compare with (a checkout)")
