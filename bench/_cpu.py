@@ -38,7 +38,7 @@ def _process_clock(pid: int) -> int:
     return ((~pid) << 3) | 2
 
 
-def _stat(pid: int) -> tuple[int, float, int] | None:
+def proc_stat(pid: int) -> tuple[int, float, int] | None:
     """(parent pid, CPU seconds so far, start time in ticks), or None once the process is gone.
 
     The CPU from the process's CPU clock (the scheduler's nanoseconds), not /proc's utime +
@@ -56,11 +56,11 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
 def process_cpu_seconds(pid: int) -> float | None:
     """The CPU-seconds of `pid` so far (its whole life), or None once it is gone (or not on this
     machine). Read just before a connection closes, it is all its PostgreSQL backend used."""
-    found = _stat(pid)
+    found = proc_stat(pid)
     return found[1] if found else None
 
 
-def _cmdline(pid: int) -> str:
+def proc_cmdline(pid: int) -> str:
     try:
         return (
             Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -72,7 +72,7 @@ def _cmdline(pid: int) -> str:
 def postmaster_pid(backend_pid: int) -> int | None:
     """The PostgreSQL server's main process, from one backend's pid; None when the server is not
     on this machine (then only the benchmark's own processes are measured)."""
-    found = _stat(backend_pid)
+    found = proc_stat(backend_pid)
     return found[0] if found else None
 
 
@@ -162,7 +162,7 @@ class CpuMeter:
 
     def _track(self, pid: int, kind: str, start: bool) -> None:
         """Starts following `pid`, or gives a followed one its final kind."""
-        found = _stat(pid)
+        found = proc_stat(pid)
         if found is None:
             return
         with self._lock:
@@ -184,7 +184,7 @@ class CpuMeter:
         parents: dict[int, list[int]] = defaultdict(list)
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
-                found = _stat(int(entry.name))
+                found = proc_stat(int(entry.name))
                 if found:
                     parents[found[0]].append(int(entry.name))
         todo = [os.getpid()]
@@ -210,7 +210,7 @@ class CpuMeter:
     def _child_kind(self, parent: int, child: int) -> str:
         """What Dagster starts is Dagster's, whatever its command line (its code server runs
         schedules in `multiprocessing` children)."""
-        kind = descendant_kind(_cmdline(child))
+        kind = descendant_kind(proc_cmdline(child))
         known = self._live.get(parent)
         return "dagster" if kind == "python" and known and known.kind == "dagster" else kind
 
@@ -226,7 +226,7 @@ class CpuMeter:
         for pid in children:
             if pid in self._live or pid in self._ignored:
                 continue
-            title = _cmdline(pid)
+            title = proc_cmdline(pid)
             if not title.startswith("postgres: "):
                 continue  # forked, not yet named: looked at again on the next scan
             kind = self._backend_kind(title)
@@ -252,7 +252,7 @@ class CpuMeter:
         with self._lock:
             followed = list(self._live.items())
         for pid, process in followed:
-            found = _stat(pid)
+            found = proc_stat(pid)
             with self._lock:
                 if found is None or found[2] != process.started:
                     # Ended (its pid may already be someone else's): what it used is final.

@@ -32,11 +32,14 @@ DEFAULT_KAFKA_PARTITIONS = 6
 #: compaction may drop it for a newer one of the same key (a loader down for days replays them).
 DEFAULT_KAFKA_MIN_COMPACTION_LAG_MS = 7 * 24 * 3600 * 1000
 DEFAULT_DEVSTATS_MAX_LOAD_RUNS = 1
-#: How long one long-lived relay or load run runs before its successor takes over: a
-#: run's event log stays small. At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
+#: How long one long-lived relay or load run runs before its successor takes over. Each
+#: hand-over starts a run worker (~1.7 CPU-seconds here; a Kubernetes Job and pod in deploy/) and
+#: writes a run's ~20 event-log rows whatever its length: 10 minutes halves both against 5, and
+#: stays below run monitoring's max_runtime_seconds (900) with the margin (docs/production.md,
+#: "Hand-overs of the long runs"). At least MIN_LONG_RUN_SECONDS: more than the longest hand-over
 #: margin (defs/handover.py, MAX_HANDOVER_SECONDS), or every run's successor would be launched at
 #: once.
-DEFAULT_LONG_RUN_SECONDS = 300
+DEFAULT_LONG_RUN_SECONDS = 600
 MIN_LONG_RUN_SECONDS = 60
 #: The server `pin stack up --clickhouse-server` manages while PIN_CLICKHOUSE_URL stays on the
 #: embedded engine (CI does this: the native-protocol tests need a server beside chdb).

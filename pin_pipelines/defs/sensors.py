@@ -1,6 +1,11 @@
 """The one shape of the workers' sensors (drain, relay, loader): nothing launched while `pin
 serve` stops or while the worker's backlog cannot be read; a long-lived worker's run kept going,
-its successor launched before it ends (defs/handover.py)."""
+its successor launched before it ends (defs/handover.py).
+
+A tick runs every 5 seconds, all day, mostly to find nothing to do: it reads only what its
+decision needs (docs/benchmarks.md, "At rest"). The drain's sensor reads its queue on every tick
+(one statement: the spec's tick and its liveness beat); a long-lived worker's sensor reads its
+backlog only when it would launch a run, and the launch latencies only when a run nears its end."""
 
 import time
 from collections.abc import Callable
@@ -11,7 +16,11 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from pin_pipelines.config import Settings
-from pin_pipelines.defs.handover import handover_seconds, launch_latencies
+from pin_pipelines.defs.handover import (
+    MAX_HANDOVER_SECONDS,
+    handover_seconds,
+    launch_latencies,
+)
 from pin_pipelines.defs.resources import PinSettings
 from pin_pipelines.defs.stopping import STOPPING_REASON, instance_stopping
 from pin_pipelines.errors import PinError
@@ -71,14 +80,14 @@ def worker_sensor(
     description: str,
     read: Callable[[Settings], Reading],
     unreadable: str,
-    decide: Callable[[dg.SensorEvaluationContext, Settings, Reading], Decision],
+    decide: Callable[[dg.SensorEvaluationContext, Settings, Callable[[], Reading]], Decision],
     minimum_interval_seconds: int = 5,
 ) -> dg.SensorDefinition:
     """The one shape of the workers' sensors (drain, relay, loader; River's one service shape):
-    on every tick, nothing while `pin serve` stops; `read` what the worker has to do (its queue,
-    outbox or consumer lag), and nothing while that cannot be read, since a run would only fail
-    on the same unreachable peer (`<unreadable>: <the error>`); then `decide` on a run. On from
-    the start."""
+    on every tick, nothing while `pin serve` stops; then `decide` on a run, calling `read` (what
+    the worker has to do: its queue, outbox or consumer lag) when the decision needs it, and
+    nothing while that cannot be read, since a run would only fail on the same unreachable peer
+    (`<unreadable>: <the error>`). On from the start."""
 
     @dg.sensor(
         name=name,
@@ -92,10 +101,9 @@ def worker_sensor(
             return dg.SkipReason(STOPPING_REASON)
         settings = pin.get()
         try:
-            reading = read(settings)
-        except PinError as exc:
+            return decide(context, settings, lambda: read(settings))
+        except PinError as exc:  # raised by `read`: the rest of a decision reads no peer
             return dg.SkipReason(f"{unreadable}: {exc}")
-        return decide(context, settings, reading)
 
     return tick
 
@@ -118,16 +126,23 @@ def long_run_sensor(
     them."""
 
     def decide(
-        context: dg.SensorEvaluationContext, settings: Settings, backlog: Backlog
+        context: dg.SensorEvaluationContext, settings: Settings, backlog: Callable[[], Backlog]
     ) -> Decision:
         limit = max_runs(settings)
         runs = in_flight_records(context, job.name, limit=limit + 1)
         budget = settings.long_run_seconds
         run_config = budget_run_config(op, budget)
-        margin = handover_seconds(launch_latencies(context.instance, job.name))
+        # The launch latencies (a query of the run storage) only matter to a run that may end
+        # within the longest margin; the others stay whatever the margin.
+        near_end = any(ending_soon(r, op, budget, MAX_HANDOVER_SECONDS) for r in runs)
+        margin = (
+            handover_seconds(launch_latencies(context.instance, job.name))
+            if near_end
+            else MAX_HANDOVER_SECONDS
+        )
         staying = [r for r in runs if not ending_soon(r, op, budget, margin)]
         if not staying:
-            tags = backlog.tags
+            tags = backlog().tags
             if runs:  # every run in flight ends soon: its successor
                 tags = {
                     **tags,
@@ -138,8 +153,8 @@ def long_run_sensor(
         # Each more run costs its peers something (a loader: a rebalance), so one joins only
         # when the backlog asks. The run queue admits no more than the limit either
         # (dagster_instance.py).
-        if len(staying) < limit and backlog.wants_more:
-            return dg.RunRequest(run_config=run_config, tags=backlog.tags)
+        if len(staying) < limit and (more := backlog()).wants_more:
+            return dg.RunRequest(run_config=run_config, tags=more.tags)
         return dg.SkipReason(f"{len(staying)} {noun}(s) already queued or running")
 
     return worker_sensor(

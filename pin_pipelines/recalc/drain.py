@@ -630,16 +630,15 @@ class DrainRunSummary:
         return [project for tick in self.ticks for project in tick.newly_poisoned]
 
 
-def seconds_until_next_due(dsn: str, *, beat_as: str | None = None) -> float | None:
+def seconds_until_next_due(dsn: str, *, beat_as: str) -> float | None:
     """<= 0: a row is due now; None: nothing (non-poisoned) is queued.
 
-    `beat_as` names a scheduler asking on its tick: its beat is recorded on the same connection,
-    so liveness costs no connection of its own (CHESSBOARD_RECALC_WORKER_DOWN).
+    `beat_as` names the scheduler asking on its tick: its beat is recorded in the same statement,
+    so liveness (CHESSBOARD_RECALC_WORKER_DOWN) costs no connection nor transaction of its own.
     """
     with connection(dsn, autocommit=True) as conn:
-        if beat_as is not None:
-            Q.record_scheduler_beat(conn, scheduler=beat_as)
-        return _seconds_until_next_due(conn)
+        value = Q.beat_and_next_due_in_seconds(conn, scheduler=beat_as)
+    return None if value is None else float(value)
 
 
 def _seconds_until_next_due(conn: psycopg.Connection) -> float | None:

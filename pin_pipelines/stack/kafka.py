@@ -24,7 +24,11 @@ from pin_pipelines.stack.process import (
 
 POM = Path(__file__).with_name("kafka-broker.pom.xml")
 KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)<", POM.read_text()).group(1)  # type: ignore[union-attr]
-HEAP = "-Xmx768m"
+#: The local broker's heap (docs/kafka.md, "The local broker's size"): what one node with the
+#: project's topics and a test suite's clients needs (its heap after a full GC at rest: see
+#: docs/benchmarks.md), with room for the log cleaner's dedupe buffer and the suite's bursts;
+#: Kafka's own scripts give 1 GiB, sized for production traffic.
+HEAP = "-Xmx256m"
 
 LOG4J2 = """\
 Configuration:
@@ -48,15 +52,26 @@ Configuration:
 """
 
 
-#: Broker settings of a single node: every internal topic has its one replica.
+#: Broker settings of a single node: every internal topic has its one replica, and threads and
+#: buffers for one node's clients on a machine of a few cores (Kafka's defaults are a production
+#: server's: 8 request handlers, 3 network threads per listener, 10 background threads, a 128 MiB
+#: dedupe buffer, 50 transaction-log partitions). Each idle thread still wakes several times a
+#: second; docs/kafka.md says how to size a production broker.
 SINGLE_NODE_CONFIG = (
     "num.partitions=3\n"
     "offsets.topic.replication.factor=1\n"
     "offsets.topic.num.partitions=3\n"
     "transaction.state.log.replication.factor=1\n"
     "transaction.state.log.min.isr=1\n"
+    "transaction.state.log.num.partitions=3\n"
     "share.coordinator.state.topic.replication.factor=1\n"
     "share.coordinator.state.topic.min.isr=1\n"
+    "num.network.threads=2\n"
+    "num.io.threads=2\n"
+    "background.threads=2\n"
+    "num.recovery.threads.per.data.dir=1\n"
+    "log.cleaner.threads=1\n"
+    "log.cleaner.dedupe.buffer.size=16777216\n"
 )
 
 

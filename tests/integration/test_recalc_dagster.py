@@ -25,6 +25,7 @@ from tests.support.chessboard import (
     make_object,
     make_project,
 )
+from tests.support.pg_cost import database_cost
 from tests.support.recalc import (
     clear_queue,
     failing_recalc,
@@ -152,6 +153,27 @@ def test_sensor_skips_while_a_drain_run_is_in_flight_unless_the_backlog_is_overd
 
     _in_flight(instance, dg.DagsterRunStatus.STARTING)
     assert isinstance(_evaluate(instance), dg.SkipReason)
+
+
+#: Ticks measured together: the server's counters are read once before and once after.
+COST_TICKS = 10
+
+
+def test_sensor_tick_costs_one_statement_and_one_session_of_the_catalogue(pg_dsn, instance):
+    """The spec's 5-second tick runs all day, mostly on a quiet queue: tried, COST_TICKS ticks
+    on a queue with a row due in a minute (the most common case: something waits out its
+    debounce), counted by the server (pg_stat_database of the test database, which nothing else
+    uses meanwhile). Each tick opens one session and sends one statement: the beat (the spec's
+    liveness, CHESSBOARD_RECALC_WORKER_DOWN) and the next row's due time together. A session
+    start is a transaction of its own in the counters (the backend's catalog reads)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM chessboard.project_recalc_requests")
+        _set_due(conn, _populated_project(conn), 60)
+    with database_cost(pg_dsn) as cost:
+        for _ in range(COST_TICKS):
+            assert isinstance(_evaluate(instance), dg.SkipReason)
+    assert cost.sessions == COST_TICKS
+    assert cost.transactions <= COST_TICKS * 2
 
 
 # --- jobs -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP
 from pin_pipelines.relay import OutboxRelay
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from tests.support.outbox import TOPICS, insert, outbox_count, payload
+from tests.support.pg_cost import database_cost
 from tests.support.relay import consume, relay_config
 
 
@@ -177,8 +178,8 @@ def test_sensor_keeps_one_relay_run_going_and_launches_its_successor_near_its_en
     empty = evaluate(instance)
     assert isinstance(empty, dg.RunRequest)
     assert empty.tags["pin/outbox_pending"] == "0"
-    # Each run gets the budget of PIN_LONG_RUN_SECONDS (default 300 s).
-    assert empty.run_config == {"ops": {"relay_outbox": {"config": {"budget_seconds": 300.0}}}}
+    # Each run gets the budget of PIN_LONG_RUN_SECONDS (default 600 s).
+    assert empty.run_config == {"ops": {"relay_outbox": {"config": {"budget_seconds": 600.0}}}}
 
     _started_run(instance, budget=300.0)
     busy = evaluate(instance)
@@ -195,6 +196,20 @@ def test_sensor_keeps_one_relay_run_going_and_launches_its_successor_near_its_en
     _started_run(instance, budget=300.0)
     both = evaluate(instance)
     assert isinstance(both, dg.SkipReason)
+
+
+def test_sensor_reads_nothing_of_the_catalogue_while_a_relay_run_stays(
+    pg_dsn: str, instance: dg.DagsterInstance
+) -> None:
+    """Tried: ten ticks with a relay run that just started (the state of every tick but the
+    hand-over's), counted by the server (pg_stat_database of the test database, which nothing
+    else uses meanwhile). The backlog only tags a run the sensor launches: no session, no
+    statement."""
+    _started_run(instance, budget=300.0)
+    with database_cost(pg_dsn) as cost:
+        for _ in range(10):
+            assert isinstance(evaluate(instance), dg.SkipReason)
+    assert (cost.sessions, cost.transactions) == (0, 0)
 
 
 def test_sensor_skips_with_the_reason_when_postgres_is_unreachable(

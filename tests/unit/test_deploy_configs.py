@@ -184,9 +184,11 @@ def chart_instance(values: Mapping[str, Any]) -> Config:
     run_k8s_config = {
         snake(key): value for key, value in launcher.get("runK8sConfig", {}).items() if value
     }
-    run_retries = {"enabled": daemon["runRetries"]["enabled"]}
-    if daemon["runRetries"]["maxRetries"]:  # the template drops a 0
-        run_retries["max_retries"] = daemon["runRetries"]["maxRetries"]
+    run_retries: Config = {}
+    if daemon["runRetries"]["enabled"]:  # the template writes the section only then
+        run_retries["run_retries"] = {"enabled": True}
+        if daemon["runRetries"]["maxRetries"]:  # the template drops a 0
+            run_retries["run_retries"]["max_retries"] = daemon["runRetries"]["maxRetries"]
     concurrency = values["concurrency"]
     retention = values["retention"]
     rendered: Config = {
@@ -234,7 +236,7 @@ def chart_instance(values: Mapping[str, Any]) -> Config:
             "class": "NoOpComputeLogManager",
         },
         "run_monitoring": snake_keys(daemon["runMonitoring"]),
-        "run_retries": run_retries,
+        **run_retries,
         "telemetry": {"enabled": values["telemetry"]["enabled"]},
         "retention": {
             kind: {"purge_after_days": retention[kind]["purgeAfterDays"]}
@@ -262,7 +264,8 @@ def shared_sections(config: Mapping[str, Any]) -> Config:
     """The SHARED_SECTIONS of an instance config with Dagster's defaults filled in, so a default
     written out (`max_retries: 0`) equals one left out, and the run queue's tag limits in one
     order (the queue applies them all)."""
-    subset = {name: config[name] for name in SHARED_SECTIONS}
+    # A section left out is Dagster's default (the chart writes no `run_retries:` when off).
+    subset = {name: config.get(name, {}) for name in SHARED_SECTIONS}
     result = process_config(Shape(dagster_instance_config_schema()), subset)
     assert result.success, result.errors
     assert result.value is not None

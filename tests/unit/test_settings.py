@@ -42,7 +42,7 @@ def test_defaults_follow_the_state_folder_and_the_database() -> None:
     assert settings.kafka_partitions == 6
     assert settings.kafka_replication_factor is None
     assert settings.kafka_min_insync_replicas is None
-    assert settings.long_run_seconds == 300
+    assert settings.long_run_seconds == 600
 
 
 def test_every_variable_is_read() -> None:

@@ -4,7 +4,7 @@ dimension's last update is more than FRESHNESS_SLA_SECONDS old, shown on the ass
 Dagster's freshness wording, beside the topic- and version-based checks (checks.py).
 
 Why an observation says when the dimension was last updated: the load runs are long-lived
-(PIN_LONG_RUN_SECONDS, 300 s by default) and record their materialization when they end, so the
+(PIN_LONG_RUN_SECONDS, 600 s by default) and record their materialization when they end, so the
 last materialization is up to a whole run old while the dimension is current, and a 5-minute
 window on it would flap at every hand-over. What the SLA is about is the events: the dimension
 is current up to the oldest event it has not loaded (now, when it has loaded everything). This

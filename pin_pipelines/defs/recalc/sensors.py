@@ -1,6 +1,7 @@
 """The 5-second worker tick of spec 000, as a sensor that launches drain runs only when needed."""
 
 import os
+from collections.abc import Callable
 
 import dagster as dg
 
@@ -26,8 +27,11 @@ def _next_due(settings: Settings) -> float | None:
 
 
 def _drain_runs_wanted(
-    context: dg.SensorEvaluationContext, settings: Settings, next_due: float | None
+    context: dg.SensorEvaluationContext,
+    settings: Settings,
+    read_next_due: Callable[[], float | None],
 ) -> Decision:
+    next_due = read_next_due()  # every tick: the spec's tick, and the scheduler's beat
     if next_due is None:
         return dg.SkipReason("queue is empty")
     if next_due > LOOKAHEAD_SECONDS:

@@ -81,20 +81,21 @@ SELECT r.project_id, r.tenant_id, r.attempt_count, r.last_error, r.last_reason,
 FROM chessboard.poisoned_recalc_requests() r
 ORDER BY r.attempted_at;
 
--- name: record_scheduler_beat(scheduler)!
--- Scheduler liveness: every evaluation of the scheduler (the Dagster sensor), due rows or not.
-INSERT INTO chessboard.recalc_scheduler_beats AS b (scheduler, beats, last_beat_at)
-VALUES (:scheduler, 1, now())
-ON CONFLICT (scheduler) DO UPDATE SET
-    beats = b.beats + 1, last_beat_at = greatest(b.last_beat_at, excluded.last_beat_at);
+-- name: beat_and_next_due_in_seconds(scheduler)$
+-- The scheduler's tick (the Dagster sensor's evaluation), due rows or not: its liveness beat and
+-- the seconds until the next row is ready, in one statement (one transaction per tick; the
+-- WITH's INSERT runs whether or not the SELECT reads it).
+WITH beat AS (
+    INSERT INTO chessboard.recalc_scheduler_beats AS b (scheduler, beats, last_beat_at)
+    VALUES (:scheduler, 1, now())
+    ON CONFLICT (scheduler) DO UPDATE SET
+        beats = b.beats + 1, last_beat_at = greatest(b.last_beat_at, excluded.last_beat_at)
+)
+SELECT chessboard.recalc_next_due_in_seconds();
 
 -- name: next_due_in_seconds()$
 -- Seconds until the next row is ready (<= 0: now; NULL: nothing but poison is queued).
--- greatest() skips the NULL of a row never attempted.
-SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interval))
-               - now())::float8
-FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.attempt_count < s.poison_attempts;
+SELECT chessboard.recalc_next_due_in_seconds();
 
 -- name: project_exists(project_id)$
 -- The runbook's force-recalc refuses an unknown project (force_request would insert nothing).

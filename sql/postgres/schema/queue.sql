@@ -75,6 +75,17 @@ LANGUAGE sql STABLE AS $$
     WHERE r.attempt_count >= (SELECT poison_attempts FROM chessboard.recalc_settings);
 $$;
 
+-- The seconds until the next row is ready (<= 0: now; NULL: nothing but poison is queued): read
+-- by the scheduler's tick with its beat in one statement, and by the drain's wait for a row.
+CREATE FUNCTION chessboard.recalc_next_due_in_seconds() RETURNS float8
+LANGUAGE sql STABLE AS $$
+    -- greatest() skips the NULL of a row never attempted.
+    SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interval))
+                   - now())::float8
+    FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
+    WHERE r.attempt_count < s.poison_attempts;
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- The raisers. Statement-level: a bulk statement enqueues each touched project once, not once
 -- per row. Locks are taken in project_id order so two bulk writers cannot deadlock on the queue.
