@@ -242,7 +242,7 @@ def test_a_request_between_the_claim_and_the_work_is_served_and_counted(
     work's lock wait raised to 10 × deadlock_timeout so a slow commit of the edit is waited for).
     The work then recomputes with the new price and deletes the row: the edit's request is
     served. The counter added the count read at claim time, one short (the code before:
-    `assert 3 == 4`); now it adds the row's count under the work's lock, as does the tick's
+    `assert 6 == 7`); now it adds the row's count under the work's lock, as does the tick's
     summary."""
     monkeypatch.setattr(drain, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 10.0)
     tree, free_object = _due_project_and_free_object(db)
