@@ -20,6 +20,11 @@
 --   work deletes the row) and never counted. recalc_claimed_project now reads the count under
 --   its lock (requests_served), and recalc_project_step counts that.
 --
+-- * recalc_tick told the statement timeout's cancel from a stop's by the call's age reaching the
+--   timeout; statement_timestamp() is the Execute message's, a little after the timeout was armed,
+--   so a timeout could be read as a stop (its failed run given back): now half a second short of
+--   the timeout is the timeout's (a stop's cancel comes a second before it at the latest).
+--
 -- recalc_claimed_project and recalc_project_step return one more column, so they are dropped and
 -- created again with the same arguments, in this transaction: a drain of the previous release
 -- in the middle of a call finds the new ones by the same signature (its plans are invalidated
@@ -481,7 +486,11 @@ BEGIN
                     v_claimed_next := true;
                 END IF;
             WHEN query_canceled THEN
-                IF clock_timestamp() - statement_timestamp() >= v_timeout THEN
+                -- The statement timeout's, when the call is within half a second of it:
+                -- statement_timestamp() is the Execute message's, a little after the timeout was
+                -- armed (at the Parse), and a stop's cancel comes a second before it at the
+                -- latest (drain.py's CANCEL_BEFORE_TIMEOUT_SECONDS).
+                IF clock_timestamp() - statement_timestamp() >= v_timeout - interval '0.5 s' THEN
                     v_report := chessboard.record_recalc_timeout(
                         v_claim.project_id, v_claim.claimed_at, SQLSTATE, SQLERRM,
                         clock_timestamp() - v_started);

@@ -628,7 +628,11 @@ BEGIN
                     v_claimed_next := true;
                 END IF;
             WHEN query_canceled THEN
-                IF clock_timestamp() - statement_timestamp() >= v_timeout THEN
+                -- The statement timeout's, when the call is within half a second of it:
+                -- statement_timestamp() is the Execute message's, a little after the timeout was
+                -- armed (at the Parse), and a stop's cancel comes a second before it at the
+                -- latest (drain.py's CANCEL_BEFORE_TIMEOUT_SECONDS).
+                IF clock_timestamp() - statement_timestamp() >= v_timeout - interval '0.5 s' THEN
                     v_report := chessboard.record_recalc_timeout(
                         v_claim.project_id, v_claim.claimed_at, SQLSTATE, SQLERRM,
                         clock_timestamp() - v_started);
