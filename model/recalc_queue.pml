@@ -22,8 +22,9 @@
  *              held row)
  *            COMMIT
  *   drain    queries/recalc.sql:settle_abandoned_claims (a tick's first statement, autocommit:
- *              a claim unlocked past retry_interval is a dead drain's: attempt_count + 1,
- *              claimed_at NULL)
+ *              a pending end of a claim whose row is free now is written, as below; a claim
+ *              unlocked past retry_interval with no pending end is a dead drain's:
+ *              attempt_count + 1, claimed_at NULL)
  *            chessboard.recalc_tick: chessboard.claim_due_request; COMMIT (the tick's first
  *              claim alone; each next one commits with the previous project's work)
  *            the block: chessboard.recalc_project_step -> chessboard.recalc_claimed_project:
@@ -34,6 +35,9 @@
  *              the statement timeout's cancel -> the block rolls back;
  *                chessboard.record_recalc_timeout (attempt_count + 1, claimed_at NULL), COMMIT
  *                ("failed"), and the drain's tick goes on with its next call
+ *              each handler through chessboard.end_claim: a row a writer holds is waited for
+ *                a bounded time (or not at all), then its end is left in
+ *                chessboard.recalc_pending_claim_ends, COMMIT, and the tick goes on
  *            SAVEPOINT; lock_project FOR NO KEY UPDATE (waits, under lock_timeout)
  *              LockNotAvailable -> ROLLBACK TO SAVEPOINT; chessboard.release_claim; COMMIT
  *              ("deferred")
@@ -42,8 +46,8 @@
  *            or a failing statement (a stuck one's statement timeout included: the inner
  *              block catches it): ROLLBACK TO SAVEPOINT; recalc_project_step's record_failure
  *              (attempt_count + 1, claimed_at NULL); COMMIT                       ("failed")
- *            or a stop's cancel: the block rolls back; chessboard.release_claim; COMMIT; the
- *              call ends                                                   ("interrupted")
+ *            or a stop's cancel: the block rolls back; chessboard.release_claim (through
+ *              chessboard.end_claim, as above); COMMIT; the call ends      ("interrupted")
  *            or death anywhere after the claim: ROLLBACK by the server, the claim stays
  *              (claimed_at) until a tick's settle_abandoned_claims counts it
  *
@@ -118,10 +122,14 @@
  *  - the statement timeout's cancel is offered only while lock_claimed_request waits, at most
  *    MAX_TIMEOUTS = 1 times: elsewhere in the work it is the inner block's "failed" (modelled
  *    as a failing statement), and the other statements (release_claim in
- *    recalc_project_step, the next claim) hold the row or skip it. A cancel that lands
- *    outside the project's block (while the handler's release_claim or record_recalc_timeout
- *    waits, or between a COMMIT and the next block) ends the call with the error, the claim in
- *    hand left to settle_abandoned_claims: for the row, a death at that point, modelled.
+ *    recalc_project_step, the next claim) hold the row or skip it. A cancel that lands in the
+ *    handler's wait for the row (chessboard.end_claim) ends the wait as its bound does: the end
+ *    is left pending (modelled: a handler that meets a held row may always leave it pending);
+ *    one that lands between a COMMIT and the next block ends the call with the error, the claim
+ *    in hand left to settle_abandoned_claims: for the row, a death at that point, modelled.
+ *  - a pending end (chessboard.recalc_pending_claim_ends) is one per claim, so one variable of
+ *    the row's (pend_stamp: the claim it ends, NONE: none); the settle writes it in a step of its
+ *    own (the model's settle is one statement per outcome: abandoned, or a pending end).
  *
  * Properties: assertions (the monitor checks them in every state; the rest at their step) and
  * the LTL formula no_trigger_lost.
@@ -164,7 +172,9 @@
  * inserts a new row), DEFER, SUPERSEDED, RELOCK_TIMEOUT (lock_claimed_request times out on a
  * row a writer upserted after the claim: chessboard.recalc_tick's handler gives the claim back
  * and the tick goes on), TIMEOUT (the statement timeout's cancel in that wait:
- * chessboard.record_recalc_timeout counts the failed run), DEATH, STOP, FAILURE, and
+ * chessboard.record_recalc_timeout counts the failed run), PENDING_END (a handler met the row
+ * held by a writer and left the end pending; a later tick's settle wrote it), DEATH, STOP,
+ * FAILURE, and
  * POISON_VIEW_EARLY: chessboard.poisoned_recalc_requests() lists a row counted poison while the
  * drain of its fifth attempt still runs: only once that drain stalled past retry_interval
  * between its claim and its lock, so that another drain settled the claim (the stalled drain
@@ -226,6 +236,11 @@ byte first_at;          /* first_requested_at */
 byte attempts;          /* attempt_count: failed runs */
 byte attempted_at = NONE;
 byte claimed_at = NONE; /* the attempt in progress (NONE: none) */
+/* chessboard.recalc_pending_claim_ends: the end of the claim pend_stamp (NONE: none) that a
+   handler left to the settle, a failed run (pend_failed) or a give-back to pend_prev */
+byte pend_stamp = NONE;
+byte pend_prev = NONE;
+bool pend_failed;
 
 byte qlock;             /* holder of the queue row's lock (0: none) */
 byte qwaiters;          /* transactions queued for it (their tuple lock makes SKIP LOCKED skip) */
@@ -249,7 +264,7 @@ byte stops;
 byte timeouts;
 byte stalls;            /* ticks while a claim of the row was running */
 byte wdone;             /* writers finished */
-byte probe_hit;
+short probe_hit;
 
 #define R_INSERT_AFTER_WAIT 1
 #define R_DEFER 2
@@ -259,6 +274,7 @@ byte probe_hit;
 #define R_STOP 32
 #define R_FAILURE 64
 #define R_TIMEOUT 128
+#define R_PENDING_END 256
 
 #define POISONED (row && attempts >= POISON)
 /* no claim outstanding, none running: every attempt of the row has its verdict */
@@ -288,6 +304,8 @@ byte probe_hit;
 #define PROBE_BIT R_FAILURE
 #elif defined(REACH_TIMEOUT)
 #define PROBE_BIT R_TIMEOUT
+#elif defined(REACH_PENDING_END)
+#define PROBE_BIT R_PENDING_END
 #endif
 #ifdef PROBE_BIT
 #define PROBE (probe_hit != 0)
@@ -310,14 +328,17 @@ byte probe_hit;
 #endif
 #define READY (row && !row_new && due_at <= now && attempts < POISON && claimed_at == NONE && \
                RETRY_GATE)
-/* settle_abandoned_claims' CTE: a claim unlocked (FOR UPDATE SKIP LOCKED: not locked, nobody
-   queued for it) past retry_interval */
+/* settle_abandoned_claims' abandoned CTE: a claim unlocked (FOR UPDATE SKIP LOCKED: not
+   locked, nobody queued for it) past retry_interval, with no pending end */
 #ifdef BUG_LEASE_NO_EXPIRY
 #define ABANDONED false
 #else
 #define ABANDONED (row && !row_new && claimed_at != NONE && claimed_at + RETRY <= now && \
-                   qlock == 0 && qwaiters == 0)
+                   qlock == 0 && qwaiters == 0 && claimed_at != pend_stamp)
 #endif
+/* ... and its ending CTE: a pending end whose claim is the row's, the row unlocked */
+#define PENDING_END (row && !row_new && pend_stamp != NONE && claimed_at == pend_stamp && \
+                     qlock == 0 && qwaiters == 0)
 
 /* time matters while a writer may still begin, or the row waits for due_at or its retry */
 #define TIME_MATTERS ((wdone < NW && now <= WEND) || \
@@ -418,6 +439,27 @@ byte probe_hit;
     :: timed_out -> RECORD_TIMEOUT \
     :: else -> RELEASE \
     fi
+
+/* chessboard.end_claim, the row held by a writer past the handler's wait: the claim's end left
+ * in chessboard.recalc_pending_claim_ends (the claim stays on the row, live, till the settle);
+ * nothing when the claim is no longer the row's (settled while this drain stalled) */
+#define PEND \
+    if \
+    :: MINE -> pend_stamp = stamp; pend_prev = prev; pend_failed = timed_out \
+    :: else -> END_SUPERSEDED \
+    fi
+
+/* queries/recalc.sql:settle_abandoned_claims' ending CTE: the pending end written, as the
+ * handler would have (record_recalc_timeout's failed run, or release_claim's give-back) */
+#define SETTLE_PENDING \
+    MARK(R_PENDING_END); \
+    if \
+    :: pend_failed -> attempts++; failures++ \
+    :: else -> attempted_at = pend_prev \
+    fi; \
+    claimed_at = NONE; live--; owner = 0; pend_stamp = NONE; pend_prev = NONE; \
+    pend_failed = false; \
+    printf("drain %d: settle_abandoned_claims: a pending end, attempt_count %d\n", me, attempts)
 
 /* queries/recalc.sql:settle_abandoned_claims: the claim counted as a failed run, its row free
  * again */
@@ -565,6 +607,7 @@ end_tick:
         if
         :: READY -> ok = true
         :: ABANDONED -> SETTLE; goto end_tick
+        :: PENDING_END -> SETTLE_PENDING; goto end_tick
         fi
     };
     if
@@ -600,6 +643,7 @@ end_tick:
            /* queries/recalc.sql:settle_abandoned_claims (each tick runs it first; it changes
               the row only when a claim is abandoned, so here it is a step of its own) */
            SETTLE; goto end_tick
+        :: PENDING_END -> SETTLE_PENDING; goto end_tick
         :: READY && qlock == 0 && qwaiters == 0 -> claim()
         :: READY && qlock == 0 && qwaiters == 0 && deaths < MAX_DEATHS ->
            /* ... and the drain dies before its work transaction: the claim stays */
@@ -726,8 +770,10 @@ end_tick:
 
 give_back:
     /* chessboard.recalc_tick's handler, after the block's rollback: chessboard.release_claim,
-       or chessboard.record_recalc_timeout after the statement timeout (each waits for the row
-       lock, queued), then the tick's COMMIT */
+       or chessboard.record_recalc_timeout after the statement timeout, through
+       chessboard.end_claim: the row written at once when free; when held, waited for within
+       the handler's bound (queued) or its end left pending for a later tick's settle; then the
+       tick's COMMIT */
     if
     :: atomic {
            deaths < MAX_DEATHS -> deaths++; MARK(R_DEATH); DIE;
@@ -741,10 +787,23 @@ give_back:
            FORGET
        }
     :: atomic { !GIVE_BACK_NO_WAIT -> qwaiters++ };
-       atomic {
-           GIVE_BACK_NO_WAIT -> qwaiters--; GIVE_BACK;
-           printf("drain %d: release_claim | record_recalc_timeout: claimed_at %d\n",
-                  me, claimed_at);
+       if
+       :: atomic {
+              GIVE_BACK_NO_WAIT -> qwaiters--; GIVE_BACK;
+              printf("drain %d: release_claim | record_recalc_timeout: claimed_at %d\n",
+                     me, claimed_at);
+              FORGET
+          }
+       :: atomic {
+              /* end_claim's wait ends (its bound, or a cancel) while the row is still held */
+              !GIVE_BACK_NO_WAIT -> qwaiters--; PEND;
+              printf("drain %d: end_claim: the row held, the end left pending\n", me);
+              FORGET
+          }
+       fi
+    :: atomic {
+           !GIVE_BACK_NO_WAIT -> PEND;
+           printf("drain %d: end_claim: the row held, the end left pending\n", me);
            FORGET
        }
     fi;

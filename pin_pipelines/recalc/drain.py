@@ -63,7 +63,8 @@ CLIENT_CHECK_INTERVAL = "100ms"
 #: The drain session's settings, in force from its first statement (db.connect's `session`). A
 #: drain that stops sending inside a transaction (stopped, or its host cut off) loses its session
 #: after the project timeout, and with it the project's row locks: another drain takes the
-#: project over. Row lock waits are bounded by recalc_claimed_project itself (lock_timeout).
+#: project over. Row lock waits are bounded by the SQL itself: the work's by recalc_claimed_project
+#: (lock_timeout), those of recalc_tick's handlers by end_claim (migration 0021).
 DRAIN_SESSION = {
     "idle_in_transaction_session_timeout": f"{round(PROJECT_TIMEOUT_SECONDS * 1000)}ms",
     "client_connection_check_interval": CLIENT_CHECK_INTERVAL,
@@ -91,6 +92,8 @@ class ProjectResult:
     duration_seconds: float
     republished: dict[str, int] = field(default_factory=dict)
     buildings_updated: int = 0
+    #: A done project's requests served: its queue row's requested_count when the work locked
+    #: it (migration 0021; one that landed after the claim included).
     requested_count: int = 0
     error: str | None = None
     #: A failed project's failed runs, this one included.
@@ -141,9 +144,7 @@ class TickSummary:
             "interrupted": self.count("interrupted"),
             "poisoned": self.poisoned,
             "republished": republished,
-            "coalesced_events": sum(
-                r.requested_count for r in self.results if r.outcome != "failed"
-            ),
+            "coalesced_events": sum(r.requested_count for r in self.results),
             "duration_p50_seconds": quantile(durations, 0.50),
             "duration_p99_seconds": quantile(durations, 0.99),
             "stopped_early": self.stopped_early,
@@ -314,7 +315,9 @@ def _settle_abandoned_claims(
     conn: psycopg.Connection, correlation_id: str, poison_at: int | None
 ) -> list[_Poisoning]:
     """Count the attempts of drains that died inside them as the failed runs they were; the
-    rows this made poison are returned."""
+    rows this made poison are returned. The same statement first writes the ends of attempts a
+    writer kept from their rows (chessboard.recalc_pending_claim_ends, migration 0021): those
+    were reported by the tick that ended them, and are not abandoned."""
     poisoning = []
     for claim in fetch_all(Q.settle_abandoned_claims, conn, _AbandonedClaim):
         log_event(
@@ -338,7 +341,6 @@ class _ProjectReport:
     project_id: UUID
     tenant_id: UUID
     last_reason: str
-    requested_count: int
     #: Failed runs before this attempt.
     attempt_count: int
     waited_seconds: float
@@ -356,6 +358,8 @@ class _ProjectReport:
     error: str | None
     #: A failed project's failed runs, this one included.
     failed_runs: int | None
+    #: A done project's requests served (its row's requested_count under the work's lock).
+    requests_served: int | None
 
     @classmethod
     def from_json(cls, report: dict[str, Any]) -> _ProjectReport:
@@ -363,7 +367,6 @@ class _ProjectReport:
             project_id=UUID(report["project_id"]),
             tenant_id=UUID(report["tenant_id"]),
             last_reason=report["last_reason"],
-            requested_count=report["requested_count"],
             attempt_count=report["attempt_count"],
             waited_seconds=report["waited_seconds"],
             outcome=report["outcome"],
@@ -375,6 +378,7 @@ class _ProjectReport:
             projects_published=report.get("projects_published"),
             error=report.get("error"),
             failed_runs=report.get("failed_runs"),
+            requests_served=report.get("requests_served"),
         )
 
     def log_fields(self, correlation_id: str) -> dict[str, Any]:
@@ -407,7 +411,7 @@ class _ProjectReport:
 
     def result(self) -> ProjectResult:
         """The outcome's figures, each kind with only its own: republished rows for a
-        recalculated project, coalesced requests for one done (recalculated or archived), the
+        recalculated project, requests served for one done (recalculated or archived), the
         error and failed runs for a failure."""
         recalculated = self.outcome == "recalculated"
         failed = self.outcome == "failed"
@@ -417,7 +421,7 @@ class _ProjectReport:
             self.duration_seconds,
             republished=self.republished if recalculated else {},
             buildings_updated=(self.buildings_written or 0) if recalculated else 0,
-            requested_count=self.requested_count if self.outcome in _DONE else 0,
+            requested_count=(self.requests_served or 0) if self.outcome in _DONE else 0,
             error=self.error if failed else None,
             attempt_count=self.failed_runs if failed else None,
         )

@@ -1,5 +1,6 @@
 """Spec 000, concurrency and cancellation, with real worker processes (`pin recalc drain --once`
-in its own interpreter) and a test-only trigger that makes each project's recalc slow."""
+in its own interpreter), real writer sessions and a test-only trigger that makes each project's
+recalc slow."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import time
 from uuid import UUID
 
 import psycopg
+import pytest
 
+from pin_pipelines.recalc import drain
+from pin_pipelines.recalc.drain import drain_tick
 from tests.support.chessboard import (
     make_building,
     make_layout,
@@ -19,6 +23,8 @@ from tests.support.chessboard import (
     make_project,
 )
 from tests.support.recalc import (
+    claim_hook,
+    counter,
     last_json_line,
     lock_waiters,
     outbox,
@@ -223,3 +229,34 @@ def test_an_edit_during_the_recalc_waits_for_it_and_is_never_aborted(db, pg_dsn)
     summary, _, _ = _finish(start_pin(pg_dsn, "recalc", "drain", "--once"))
     assert summary["processed"] == 1
     assert actual_aggregates(db)["projects"][tree["project"]][0] == 60  # price_min
+
+
+def test_a_request_between_the_claim_and_the_work_is_served_and_counted(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spec 000: chessboard_recalc_coalesced_events_total is Σ RequestedCount of the requests
+    the recalculations served. Tried: a due project; right after its claim commits (from the
+    claim itself, over another session), an edit reprices its free object, and the edit's
+    raiser bumps the claimed row's requested_count before the work locks the row again (the
+    edit first asks for the queue table in EXCLUSIVE mode, granted before the work's lock; the
+    work's lock wait raised to 10 × deadlock_timeout so a slow commit of the edit is waited for).
+    The work then recomputes with the new price and deletes the row: the edit's request is
+    served. The counter added the count read at claim time, one short (the code before:
+    `assert 6 == 7`); now it adds the row's count under the work's lock, as does the tick's
+    summary."""
+    monkeypatch.setattr(drain, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 10.0)
+    tree, free_object = _due_project_and_free_object(db)
+    project = tree["project"]
+    claimed_with = queue_row(db, project)["requested_count"]
+    coalesced = counter(db, "coalesced_events")
+    edit = (
+        "BEGIN; LOCK TABLE chessboard.project_recalc_requests IN EXCLUSIVE MODE;"
+        f" UPDATE chessboard.property_objects SET price = 60 WHERE id = '{free_object}'; COMMIT;"
+    )
+    with claim_hook(db, project, pg_dsn, edit):
+        tick = drain_tick(pg_dsn)
+    assert [(r.project_id, r.outcome) for r in tick.results] == [(project, "recalculated")]
+    assert queue_row(db, project) is None  # the edit's request was served by this recompute
+    assert actual_aggregates(db)["projects"][project][0] == 60  # price_min, the edit's
+    assert counter(db, "coalesced_events") - coalesced == claimed_with + 1
+    assert tick.as_dict()["coalesced_events"] == claimed_with + 1

@@ -12,6 +12,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from pin_pipelines.config import DEFAULT_RECALC_TICK_SECONDS, dsn_with_dbname, recalc_tick_seconds
 from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.recalc.enqueue import RecalcReason, force_recalc
 from tests.support.chessboard import (
@@ -22,6 +23,7 @@ from tests.support.chessboard import (
     make_project,
 )
 from tests.support.cli import assert_one_line_error, run_pin
+from tests.support.database import BASE_TEST_PG_DSN
 from tests.support.recalc import (
     clear_queue,
     drain_all,
@@ -31,6 +33,7 @@ from tests.support.recalc import (
     set_settings,
 )
 from tests.support.truth import actual_aggregates, drift
+from tests.support.workers import run_lock
 
 SECOND = timedelta(seconds=1)
 
@@ -148,6 +151,49 @@ def test_thresholds_are_read_from_recalc_settings_by_every_enqueue_path(db):
     anchor = queue_row(db, project)["first_requested_at"]
     make_building(db, project)
     assert queue_row(db, project)["due_at"] == anchor + 11 * SECOND
+
+
+#: Spec 000's thresholds ("пороги (debounce 30 с, cap 5 мин, тик 5 с, batch 50, poison 5)"), as
+#: chessboard.recalc_settings holds them; the tick is the retry interval there (a failed row is
+#: retried on the next tick) and the recalc sensor's interval.
+SPEC_SETTINGS = {
+    "debounce": 30 * SECOND,
+    "starvation_cap": 300 * SECOND,
+    "batch_size": 50,
+    "poison_attempts": 5,
+    "retry_interval": 5 * SECOND,
+}
+
+
+def test_a_freshly_migrated_database_has_the_spec_thresholds(
+    pg_template: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Every other test sets the thresholds it needs, so a migration that changed a default
+    would pass them all. Read here from the run's template (a database only `pin db migrate`
+    has touched; under the lock its copies are made with, which refuse a connected template):
+    its settings row, and the columns' defaults a new row would get, are the spec's; so is the
+    worker's tick when PIN_RECALC_TICK_SECONDS is unset. Tried: a scratch migration setting the
+    debounce to 10 s fails it, naming the debounce."""
+    with (
+        run_lock(tmp_path_factory, "pg-copy"),
+        psycopg.connect(dsn_with_dbname(BASE_TEST_PG_DSN, pg_template)) as conn,
+    ):
+        cur = conn.execute(f"SELECT {', '.join(SPEC_SETTINGS)} FROM chessboard.recalc_settings")
+        rows = [dict(zip(SPEC_SETTINGS, row, strict=True)) for row in cur.fetchall()]
+        defaults = conn.execute(
+            "SELECT column_name, column_default FROM information_schema.columns"
+            " WHERE table_schema = 'chessboard' AND table_name = 'recalc_settings'"
+            " AND column_name = ANY(%s)",
+            (list(SPEC_SETTINGS),),
+        ).fetchall()
+        new_row = {
+            name: conn.execute(f"SELECT {expression}").fetchone()[0]
+            for name, expression in defaults
+        }
+    assert rows == [SPEC_SETTINGS]
+    assert new_row == SPEC_SETTINGS
+    assert recalc_tick_seconds({}) == DEFAULT_RECALC_TICK_SECONDS == 5
+    assert SPEC_SETTINGS["retry_interval"] == DEFAULT_RECALC_TICK_SECONDS * SECOND
 
 
 def test_coalescing_burst_of_n_events_is_one_row_and_one_run(db, pg_dsn):

@@ -2,8 +2,9 @@
 attempt_count as the failed runs: a failure, a statement timeout, or an attempt whose drain died
 inside it (claimed_at left behind, counted by the next tick) counts one, so a project that kills
 its worker is parked as poison, while a drain that is only stopped (SIGTERM) counts nothing and
-a lock wait defers without counting. A tick ends before its 30 s limit. Real `pin` processes,
-real signals."""
+a lock wait defers without counting. A tick ends before its 30 s limit, and a writer holding a
+claimed queue row however long never holds a tick, fails a run or counts a failed run through
+the tick's handlers (issue 49). Real `pin` processes, real signals, real writer sessions."""
 
 from __future__ import annotations
 
@@ -22,16 +23,21 @@ from pin_pipelines.recalc.drain import (
     STOP_GRACE_SECONDS,
     TICK_LIMIT_SECONDS,
     TICK_MARGIN_SECONDS,
+    drain_connection,
     drain_tick,
     tick_budget_seconds,
+    tick_on,
 )
 from pin_pipelines.stack.process import wait_until
 from tests.support.chessboard import make_building, make_layout, make_object, make_project
 from tests.support.recalc import (
     claim_hook,
+    claimed_row_taken_over,
+    counter,
     drain_until_empty,
     failing_recalc,
     last_json_line,
+    pending_claim_ends,
     queue_row,
     set_settings,
     sleeping_backends,
@@ -362,3 +368,171 @@ def test_a_tick_of_stuck_projects_ends_before_its_limit(
     rows = [queue_row(db, project) for project in projects]
     assert sorted(row["attempt_count"] for row in rows if row) == [0, 0, 1, 1], rows
     assert all(row and row["claimed_at"] is None for row in rows), rows
+
+
+#: The call's statement timeout in the handlers' tests below, and how long their writer holds the
+#: claimed queue row: longer than the call may run (the issue's 20 s writer against the drain's
+#: 10.1 s call, at a fifth of the scale).
+HANDLER_CALL_TIMEOUT_SECONDS = 2.0
+WRITER_HOLDS_SECONDS = 4.0
+
+
+def _writer_holds_the_row(conn: psycopg.Connection, project: UUID) -> bool:
+    """The writer of claimed_row_taken_over still holds the project's queue row (it has not
+    committed yet)."""
+    return not _row_unlocked(conn, project)
+
+
+def _settled_by_the_next_tick(conn: psycopg.Connection, dsn: str, project: UUID) -> dict:
+    """The next tick, once the writer has committed: it does not claim the project (the
+    writer's upsert pushed due_at by the debounce), its settle writes the attempt's pending end.
+    The row after."""
+    assert project not in {r.project_id for r in drain_tick(dsn).results}
+    assert pending_claim_ends(conn) == []
+    row = queue_row(conn, project)
+    assert row is not None
+    return row
+
+
+def test_a_writer_holding_the_claimed_row_past_the_call_timeout_costs_no_failed_run(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock_not_available handler. Tried: two due projects; right after the first one's
+    claim commits a writer takes its queue row (a raiser's upsert in an edit that stays open
+    4 s, longer than the call's 2 s statement timeout). The work's lock of the claimed row gives
+    up after its lock_timeout; the block's rollback undid that lock_timeout, and the handler's
+    give-back (release_claim) waited for the writer without one until the statement timeout
+    fired in it: on the code before, the tick raised QueryCanceled (the drain run failed), the
+    claim stayed, and the next tick counted it as the failed run of a drain that died. Now the
+    give-back waits at most until a second before the statement timeout, then leaves the end to
+    the next tick's settle: the tick defers the project, recalculates the second one and returns
+    while the writer still holds the row; once the writer has committed, the next tick gives the
+    claim back (no failed run, the retry clock as before) and the project is recomputed."""
+    monkeypatch.setattr(drain, "CALL_TIMEOUT_SECONDS", HANDLER_CALL_TIMEOUT_SECONDS)
+    set_settings(db, retry_interval="0 seconds")
+    first, second = _two_due_projects(db)
+    errors = counter(db, "runs", "error")
+    with (
+        claimed_row_taken_over(db, first, pg_dsn, WRITER_HOLDS_SECONDS),
+        drain_connection(pg_dsn) as conn,
+    ):
+        tick = tick_on(conn)
+        held_after_the_tick = _writer_holds_the_row(db, first)
+        wait_until(lambda: _row_unlocked(db, first), timeout=30, what="the writer's commit")
+    outcomes = {r.project_id: r.outcome for r in tick.results}
+    assert outcomes == {first: "deferred", second: "recalculated"}, tick.as_dict()
+    assert held_after_the_tick, "the tick waited for the writer"
+    assert queue_row(db, first)["claimed_at"] is not None
+    assert pending_claim_ends(db) == [(first, None)]
+
+    row = _settled_by_the_next_tick(db, pg_dsn, first)
+    assert (row["attempt_count"], row["claimed_at"], row["attempted_at"], row["last_error"]) == (
+        0,
+        None,
+        None,
+        None,
+    )
+    assert counter(db, "runs", "error") == errors
+    drain_until_empty(db, pg_dsn)
+    assert drift(db) == {}
+
+
+def test_a_statement_timeout_while_a_writer_holds_the_row_counts_one_run_without_waiting(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement timeout's handler. Tried: as above, but the work waits for the claimed row
+    longer than the call may run (its lock share raised to 10 × deadlock_timeout, the call's
+    statement timeout 1 s), so the timeout fires in that wait while the writer holds the row 4 s.
+    record_recalc_timeout then waited for the writer with no timeout armed at all (it does not
+    fire twice): on the code before the tick returned only after the writer had committed, the
+    writer's whole hold added to the tick. Now the failed run is not waited for: the tick reports
+    it (QueryCanceled, failed_runs 1), recalculates the second project and returns while the
+    writer holds the row; the next tick's settle writes that one failed run (not a second one for
+    an abandoned claim), and the project is recomputed after the writer's commit."""
+    monkeypatch.setattr(drain, "CALL_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(drain, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 10.0)
+    set_settings(db, retry_interval="0 seconds")
+    first, second = _two_due_projects(db)
+    errors = counter(db, "runs", "error")
+    with (
+        claimed_row_taken_over(db, first, pg_dsn, WRITER_HOLDS_SECONDS),
+        drain_connection(pg_dsn) as conn,
+    ):
+        tick = tick_on(conn)
+        held_after_the_tick = _writer_holds_the_row(db, first)
+        wait_until(lambda: _row_unlocked(db, first), timeout=30, what="the writer's commit")
+    assert [(r.project_id, r.outcome) for r in tick.results] == [
+        (first, "failed"),
+        (second, "recalculated"),
+    ], tick.as_dict()
+    assert held_after_the_tick, "the tick waited for the writer"
+    failed = tick.results[0]
+    assert failed.attempt_count == 1 and failed.error is not None
+    assert failed.error.startswith("QueryCanceled: "), failed.error
+    assert pending_claim_ends(db) == [(first, failed.error)]
+
+    row = _settled_by_the_next_tick(db, pg_dsn, first)
+    assert (row["attempt_count"], row["claimed_at"], row["last_error"]) == (1, None, failed.error)
+    assert counter(db, "runs", "error") == errors + 1
+    drain_until_empty(db, pg_dsn)
+    assert drift(db) == {}
+
+
+def test_a_stop_while_a_writer_holds_the_row_gives_the_claim_back_without_a_failed_run(
+    db: psycopg.Connection, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop's handler (the drain's stop path: a stop, its grace, the call cancelled). Tried:
+    the work waits for the claimed row (lock share 10 × deadlock_timeout) that a writer holds
+    4 s, longer than the call's 2 s statement timeout; the drain is told to stop as soon as the
+    claim is committed, with a 0.2 s grace, so its cancel lands in that wait. The give-back
+    (release_claim) then waited for the writer until the statement timeout fired in it: on the
+    code before the call failed, the tick reported no project (`interrupted` 0) and the claim
+    stayed for the next tick to count as the failed run of a dead drain, a deploy counted
+    towards poison. Now the give-back does not wait after a cancel: the tick reports the project
+    interrupted and stops while the writer holds the row, and the next tick's settle gives the
+    claim back: no failed run, the retry clock as before; then the project is recomputed."""
+    monkeypatch.setattr(drain, "CALL_TIMEOUT_SECONDS", HANDLER_CALL_TIMEOUT_SECONDS)
+    monkeypatch.setattr(drain, "LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT", 10.0)
+    set_settings(db, retry_interval="0 seconds")
+    first, _ = _two_due_projects(db)
+    errors = counter(db, "runs", "error")
+    stop = threading.Event()
+
+    def stop_once_claimed() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as watcher:
+            wait_until(
+                lambda: (queue_row(watcher, first) or {}).get("claimed_at") is not None,
+                timeout=30,
+                what="the first project's claim",
+            )
+        stop.set()
+
+    with (
+        claimed_row_taken_over(db, first, pg_dsn, WRITER_HOLDS_SECONDS),
+        drain_connection(pg_dsn) as conn,
+    ):
+        stopper = threading.Thread(target=stop_once_claimed, name="deploy")
+        stopper.start()
+        try:
+            tick = tick_on(conn, should_stop=stop.is_set, stop_grace_seconds=0.2)
+        finally:
+            stopper.join()
+        held_after_the_tick = _writer_holds_the_row(db, first)
+        wait_until(lambda: _row_unlocked(db, first), timeout=30, what="the writer's commit")
+    assert [(r.project_id, r.outcome) for r in tick.results] == [(first, "interrupted")], (
+        tick.as_dict()
+    )
+    assert tick.stopped_early
+    assert held_after_the_tick, "the stop waited for the writer"
+    assert pending_claim_ends(db) == [(first, None)]
+
+    row = _settled_by_the_next_tick(db, pg_dsn, first)
+    assert (row["attempt_count"], row["claimed_at"], row["attempted_at"], row["last_error"]) == (
+        0,
+        None,
+        None,
+        None,
+    )
+    assert counter(db, "runs", "error") == errors
+    drain_until_empty(db, pg_dsn)
+    assert drift(db) == {}

@@ -140,6 +140,7 @@ PROBES = (
     "STOP",
     "FAILURE",
     "TIMEOUT",
+    "PENDING_END",
 )
 
 

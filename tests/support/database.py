@@ -34,6 +34,7 @@ CHESSBOARD_TABLES = (
     "buildings",
     "projects",
     "project_recalc_requests",
+    "recalc_pending_claim_ends",
     "outbox_events",
 )
 

@@ -157,30 +157,34 @@ def _test_trigger(conn: psycopg.Connection, name: str, table: str, body: str) ->
 def server_edit(
     conn: psycopg.Connection,
     dsn: str,
-    edit: str,
-    *,
+    *edits: str,
     on: str,
     when: str,
     table: str = "project_recalc_requests",
 ) -> Iterator[None]:
     """While inside: the first row of chessboard.<table> that an AFTER `on` (UPDATE or DELETE)
-    row trigger meets with the plpgsql condition `when` (on OLD and NEW) sends `edit` to another
-    session (dblink) and returns once that session waits for a lock (or after 5 s): an edit
-    that arrives from the server at that very point of the drain's transaction."""
+    row trigger meets with the plpgsql condition `when` (on OLD and NEW) sends each of `edits`,
+    in order, to a session of its own (dblink) and goes on once that session waits for a lock
+    (or after 5 s): edits that arrive from the server at that very point of the drain's
+    transaction. The sessions belong to the drain's backend: they end with its connection."""
     body = f"""
         IF NOT ({when})
-           OR 'server_edit' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
+           OR 'server_edit_1' = ANY(coalesce(dblink_get_connections(), '{{}}')) THEN
             RETURN NULL;
         END IF;
-        PERFORM dblink_connect('server_edit', {psycopg.sql.quote(dsn)});
-        SELECT t.pid INTO v_pid FROM dblink('server_edit', 'SELECT pg_backend_pid()') AS t(pid int);
-        PERFORM dblink_send_query('server_edit', {psycopg.sql.quote(edit)});
-        FOR i IN 1..500 LOOP
-            -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
-            PERFORM pg_stat_clear_snapshot();
-            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
-                              WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
-            PERFORM pg_sleep(0.01);
+        FOREACH v_edit IN ARRAY {_text_array(edits)} LOOP
+            v_n := v_n + 1;
+            PERFORM dblink_connect('server_edit_' || v_n, {psycopg.sql.quote(dsn)});
+            SELECT t.pid INTO v_pid
+            FROM dblink('server_edit_' || v_n, 'SELECT pg_backend_pid()') AS t(pid int);
+            PERFORM dblink_send_query('server_edit_' || v_n, v_edit);
+            FOR i IN 1..500 LOOP
+                -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
+                PERFORM pg_stat_clear_snapshot();
+                EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
+                                  WHERE a.pid = v_pid AND a.wait_event_type = 'Lock');
+                PERFORM pg_sleep(0.01);
+            END LOOP;
         END LOOP;
         RETURN NULL;
     """
@@ -189,7 +193,7 @@ def server_edit(
         CREATE EXTENSION IF NOT EXISTS dblink;
         CREATE FUNCTION chessboard.test_server_edit() RETURNS trigger
         LANGUAGE plpgsql AS $$
-        DECLARE v_pid int;
+        DECLARE v_pid int; v_edit text; v_n int := 0;
         BEGIN {body} END $$;
         CREATE TRIGGER test_server_edit AFTER {on} ON chessboard.{table}
             FOR EACH ROW EXECUTE FUNCTION chessboard.test_server_edit();
@@ -203,18 +207,68 @@ def server_edit(
         conn.execute("DROP EXTENSION dblink")
 
 
+def _text_array(items: tuple[str, ...]) -> str:
+    """A plpgsql text[] literal of `items`."""
+    return "ARRAY[" + ", ".join(psycopg.sql.quote(item) for item in items) + "]::text[]"
+
+
 def claim_hook(
-    conn: psycopg.Connection, project: UUID, dsn: str, edit: str
+    conn: psycopg.Connection, project: UUID, dsn: str, *edits: str
 ) -> AbstractContextManager[None]:
     """server_edit at the first claim of `project` (the claim's UPDATE sets claimed_at)."""
     return server_edit(
         conn,
         dsn,
-        edit,
+        *edits,
         on="UPDATE",
         when=f"NEW.project_id = '{project}' AND NEW.claimed_at IS NOT NULL"
         " AND OLD.claimed_at IS NULL",
     )
+
+
+def claimed_row_taken_over(
+    conn: psycopg.Connection, project: UUID, dsn: str, hold_seconds: float
+) -> AbstractContextManager[None]:
+    """At the first claim of `project`, a writer takes the claimed row before the drain's work
+    can lock it again, and holds it `hold_seconds` (then commits): a raiser's upsert whose edit
+    runs long. The writer's FOR UPDATE queues on the row while the claim's transaction holds it;
+    a second session then asks for the queue table in EXCLUSIVE mode (queued behind the claim and
+    the writer, for 300 ms at most), which the work's lock of the row queues behind: when the
+    claim commits, the writer takes the row while the work waits, every time. The EXCLUSIVE
+    request gives up long before the writer ends, so nothing else of the queue waits for it.
+    The writer is a session of the drain's backend (server_edit): the drain's connection must
+    stay open until it has committed."""
+    writer = (
+        "BEGIN; SELECT 1 FROM chessboard.project_recalc_requests"
+        f" WHERE project_id = '{project}' FOR UPDATE;"
+        " SELECT chessboard.request_project_recalc(id, tenant_id, 'Crud')"
+        f" FROM chessboard.projects WHERE id = '{project}';"
+        f" SELECT pg_sleep({float(hold_seconds)}); COMMIT;"
+    )
+    queue_blocker = (
+        "SET lock_timeout = '300ms';"
+        " LOCK TABLE chessboard.project_recalc_requests IN EXCLUSIVE MODE"
+    )
+    return claim_hook(conn, project, dsn, writer, queue_blocker)
+
+
+def counter(conn: psycopg.Connection, metric: str, label: str = "") -> float:
+    """A drain counter as the exporter serves it (chessboard.metric_counter_rows: the folded
+    counters and the outcome rows not folded yet), e.g. counter(db, "runs", "error")."""
+    row = conn.execute(
+        "SELECT coalesce(sum(value), 0) FROM chessboard.metric_counter_rows"
+        " WHERE metric = %s AND label = %s",
+        (metric, label),
+    ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+def pending_claim_ends(conn: psycopg.Connection) -> list[tuple[UUID, str | None]]:
+    """(project_id, error) of the attempts' ends a writer kept from their rows (migration 0021)."""
+    rows = conn.execute(
+        "SELECT project_id, error FROM chessboard.recalc_pending_claim_ends ORDER BY claimed_at"
+    ).fetchall()
+    return [(project, error) for project, error in rows]
 
 
 def sleeping_backends(conn: psycopg.Connection) -> int:

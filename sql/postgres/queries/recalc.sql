@@ -41,10 +41,42 @@ SELECT batch_size, poison_attempts FROM chessboard.recalc_settings;
 -- retry_interval (a live drain takes that lock within milliseconds of its claim's commit). A
 -- drain that was only stalled that long finds its claim gone and defers the project
 -- (recalc_claimed_project). The counted row is ready again, or poison at poison_attempts.
-WITH abandoned AS (
+-- Returns the claims counted as abandoned.
+--
+-- Before that, the ends of attempts a writer kept from their rows (recalc_pending_claim_ends,
+-- written by recalc_tick's handlers through chessboard.end_claim) are applied to the rows now
+-- free, as the handler would have: the claim given back, or the statement timeout's failed run
+-- (reported by the tick that timed out); such a claim is never counted as abandoned. A row the
+-- writer still holds is passed over (SKIP LOCKED) and keeps its claim, so it is not claimed
+-- again before a later tick settles it. Pending ends whose claim is no longer the row's (settled
+-- as abandoned before the end was committed, requeued, or the row gone) are forgotten.
+WITH ending AS (
+    SELECT e.project_id, e.claimed_at, e.previous_attempted_at, e.error
+    FROM chessboard.recalc_pending_claim_ends e
+    JOIN chessboard.project_recalc_requests r
+      ON r.project_id = e.project_id AND r.claimed_at = e.claimed_at
+    FOR UPDATE OF r SKIP LOCKED
+), ended AS (
+    UPDATE chessboard.project_recalc_requests r
+    SET claimed_at = NULL,
+        attempted_at = CASE WHEN e.error IS NULL THEN e.previous_attempted_at
+                            ELSE r.attempted_at END,
+        attempt_count = r.attempt_count + CASE WHEN e.error IS NULL THEN 0 ELSE 1 END,
+        last_error = coalesce(e.error, r.last_error),
+        updated_at = CASE WHEN e.error IS NULL THEN r.updated_at ELSE now() END
+    FROM ending e
+    WHERE r.project_id = e.project_id
+), forgotten AS (
+    DELETE FROM chessboard.recalc_pending_claim_ends e
+    WHERE (e.project_id, e.claimed_at) IN (SELECT n.project_id, n.claimed_at FROM ending n)
+       OR NOT EXISTS (SELECT 1 FROM chessboard.project_recalc_requests r
+                      WHERE r.project_id = e.project_id AND r.claimed_at = e.claimed_at)
+), abandoned AS (
     SELECT r.project_id
     FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
     WHERE r.claimed_at IS NOT NULL AND r.claimed_at + s.retry_interval <= now()
+      AND NOT EXISTS (SELECT 1 FROM chessboard.recalc_pending_claim_ends e
+                      WHERE e.project_id = r.project_id AND e.claimed_at = r.claimed_at)
     FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE chessboard.project_recalc_requests r

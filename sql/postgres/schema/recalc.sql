@@ -8,6 +8,10 @@
 --                          rows locked, the recompute, the publication, the request deleted
 --   recalc_project_step    a project's work transaction: the work, its outcome recorded
 --                          (release_claim, the failed run, the counters)
+--   end_claim              recalc_tick's handlers' end of an attempt (the claim given back, or
+--                          the statement timeout's failed run), with a lock wait of its own; a
+--                          row a writer holds past it gets its end in recalc_pending_claim_ends,
+--                          which the next tick's settle writes
 --   recalc_tick            a tick's projects in one CALL, a COMMIT per project: each next
 --                          claim commits with the previous project's work
 --
@@ -68,6 +72,68 @@ BEGIN
 END
 $$;
 
+-- The end of an attempt that recalc_tick's handlers could not write to its queue row: a writer
+-- (a raiser's upsert, whose transaction may last as long as the edit's) held the row past the
+-- handler's lock wait. The handler never waits for it without a bound (the call would outlast
+-- its statement timeout and fail, or hold its tick past 30 s), and the claim must not be left
+-- to look abandoned (settle_abandoned_claims would count a failed run for contention or a
+-- stop). So the end is written here, and the next tick's settle applies it to the row once the
+-- row is free (queries/recalc.sql:settle_abandoned_claims), never counting such a claim as
+-- abandoned. error NULL: the attempt is given back (release_claim's end, no failed run); else
+-- one failed run with this error (record_recalc_timeout's end).
+CREATE TABLE chessboard.recalc_pending_claim_ends (
+    project_id uuid NOT NULL,
+    claimed_at timestamptz NOT NULL,
+    previous_attempted_at timestamptz,
+    error varchar(1024),
+    PRIMARY KEY (project_id, claimed_at)
+);
+
+-- How recalc_tick's handlers end an attempt whose work was rolled back: the claim given back
+-- (p_error NULL) or one failed run with p_error, written to the row if its lock comes within
+-- p_lock_wait (at least a millisecond: lock_timeout 0 would wait without end), else left in
+-- recalc_pending_claim_ends for the next tick's settle. A cancel landing in the wait (a stop's,
+-- or the statement timeout's) ends it the same way and is reported (cancelled), so that the
+-- caller ends its call. failed_runs: the row's failed runs after a failure; when the failure is
+-- left pending, what the settle will make of them (only a settle or a requeue changes the
+-- attempt_count of a claimed row, and either ends this claim, the pending end with it).
+CREATE FUNCTION chessboard.end_claim(
+    p_project_id uuid, p_claimed_at timestamptz, p_previous_attempted_at timestamptz,
+    p_error text, p_lock_wait interval, OUT failed_runs int, OUT cancelled boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    cancelled := false;
+    BEGIN
+        PERFORM set_config('lock_timeout', greatest(1, ceil(
+            extract(epoch FROM p_lock_wait) * 1000))::int::text, true);
+        IF p_error IS NULL THEN
+            PERFORM chessboard.release_claim(p_project_id, p_claimed_at, p_previous_attempted_at);
+        ELSE
+            UPDATE chessboard.project_recalc_requests r
+            SET attempt_count = r.attempt_count + 1, last_error = p_error, claimed_at = NULL,
+                updated_at = now()
+            WHERE r.project_id = p_project_id AND r.claimed_at = p_claimed_at
+            RETURNING r.attempt_count INTO failed_runs;
+        END IF;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    EXCEPTION
+        WHEN lock_not_available OR query_canceled THEN
+            cancelled := SQLSTATE = '57014';
+            INSERT INTO chessboard.recalc_pending_claim_ends
+                (project_id, claimed_at, previous_attempted_at, error)
+            VALUES (p_project_id, p_claimed_at, p_previous_attempted_at, p_error);
+            IF p_error IS NOT NULL THEN
+                SELECT r.attempt_count + 1 INTO failed_runs
+                FROM chessboard.project_recalc_requests r
+                WHERE r.project_id = p_project_id AND r.claimed_at = p_claimed_at;
+            END IF;
+    END;
+END
+$$;
+
 -- A failure is stored as the drain names it: psycopg's exception class for the SQLSTATE
 -- (PostgreSQL's condition name in CamelCase, e.g. RaiseException), then the error as libpq
 -- prints it. The names are those of psycopg 3.3's errors module (PostgreSQL 15's errcodes.txt),
@@ -90,12 +156,14 @@ CREATE TABLE chessboard.sqlstate_names (
 -- groups and projects), "skipped_archived" (an archived or deleted project: the request is
 -- deleted, nothing else is touched), "deferred" (the row is no longer this claim's; or a row of
 -- the project was locked past lock_timeout), "failed" (error_state, the SQLSTATE, and
--- error_message, the error as libpq prints it without its severity).
+-- error_message, the error as libpq prints it without its severity). requests_served: the
+-- row's requested_count when the work locked it (NULL when the claim was gone), every request
+-- the work serves: one that landed between the claim's commit and that lock included.
 CREATE FUNCTION chessboard.recalc_claimed_project(
     p_project_id uuid, p_claimed_at timestamptz, p_traceparent text, p_lock_share float8
 ) RETURNS TABLE (
     outcome text, buildings_written int, layouts_published int, layout_groups_published int,
-    projects_published int, error_state text, error_message text
+    projects_published int, error_state text, error_message text, requests_served int
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -119,8 +187,11 @@ BEGIN
 
     -- lock_claimed_request: the claimed row, locked until the caller's COMMIT. Not found: the
     -- row is no longer this claim's (deleted or requeued by hand, or settled as abandoned
-    -- because the drain stalled past retry_interval since its claim).
-    PERFORM 1 FROM chessboard.project_recalc_requests r
+    -- because the drain stalled past retry_interval since its claim). Its requested_count is
+    -- read here, under the lock: from now on a request waits for the COMMIT and inserts a new
+    -- row, so this count is exactly the requests the delete below serves.
+    SELECT r.requested_count INTO requests_served
+    FROM chessboard.project_recalc_requests r
     WHERE r.project_id = p_project_id AND r.claimed_at = p_claimed_at
     FOR UPDATE;
     IF NOT FOUND THEN
@@ -340,6 +411,11 @@ $$;
 -- whole step back, the next claim included: recalc_tick's handlers take over.
 -- duration_seconds: the work, from the step's start to its outcome recorded (the histogram's
 -- observation; NULL in the histogram for "deferred", whose time is lock waiting).
+-- requests_served: the requests a done project ("recalculated", "skipped_archived") served, as
+-- recalc_claimed_project counted them under its lock (chessboard_recalc_coalesced_events_total).
+-- p_requested_count, the claim's count, is no longer read (a request may land between the claim
+-- and the lock): it stays in the signature for the previous release's recalc_tick, which calls
+-- this function until its call in hand ends; the next migration that changes it drops it.
 CREATE FUNCTION chessboard.recalc_project_step(
     p_project_id uuid, p_claimed_at timestamptz, p_previous_attempted_at timestamptz,
     p_requested_count int, p_traceparent text, p_lock_share float8, p_claim_next boolean,
@@ -349,7 +425,7 @@ CREATE FUNCTION chessboard.recalc_project_step(
     layout_groups_published int, projects_published int, error text, attempt_count int,
     next_project_id uuid, next_tenant_id uuid, next_last_reason text, next_requested_count int,
     next_attempt_count int, next_waited_seconds float8, next_claimed_at timestamptz,
-    next_previous_attempted_at timestamptz
+    next_previous_attempted_at timestamptz, requests_served int
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -369,6 +445,9 @@ BEGIN
     layouts_published := v_work.layouts_published;
     layout_groups_published := v_work.layout_groups_published;
     projects_published := v_work.projects_published;
+    IF outcome IN ('recalculated', 'skipped_archived') THEN
+        requests_served := v_work.requests_served;
+    END IF;
 
     IF outcome = 'deferred' THEN
         -- A row lock held elsewhere (contention is not a poison): the attempt is given back. Or
@@ -395,8 +474,7 @@ BEGIN
         CASE outcome WHEN 'recalculated' THEN 'success' WHEN 'failed' THEN 'error'
                      ELSE outcome END,
         CASE WHEN outcome = 'deferred' THEN NULL ELSE duration_seconds END,
-        CASE WHEN outcome IN ('recalculated', 'skipped_archived') THEN p_requested_count
-             ELSE 0 END,
+        coalesce(requests_served, 0),
         coalesce(projects_published, 0), coalesce(layouts_published, 0),
         coalesce(layout_groups_published, 0));
 
@@ -418,8 +496,10 @@ $$;
 
 -- A project whose work the statement timeout cancelled: one more failed run with the error, no
 -- attempt in progress, and its outcome counted, as recalc_project_step records a failure (the
--- work was rolled back with recalc_tick's block; the claimed row is locked again here). Returns
--- the project's report for recalc_tick's results.
+-- work was rolled back with recalc_tick's block, its lock on the claimed row with it). The call
+-- is past its statement timeout, which does not fire again: the row is not waited for (a writer
+-- whose upsert waited for the work holds it now), the failed run is then left to the next
+-- tick's settle (end_claim). Returns the project's report for recalc_tick's results.
 CREATE FUNCTION chessboard.record_recalc_timeout(
     p_project_id uuid, p_claimed_at timestamptz, p_state text, p_message text,
     p_duration interval
@@ -429,17 +509,13 @@ DECLARE
     v_error text := left(
         coalesce((SELECT n.name FROM chessboard.sqlstate_names n WHERE n.sqlstate = p_state),
                  'SQLSTATE ' || p_state) || ': ' || p_message, 1024);
-    v_failed_runs int;
+    v_end record;
     v_seconds float8 := extract(epoch FROM p_duration);
 BEGIN
-    UPDATE chessboard.project_recalc_requests r
-    SET attempt_count = r.attempt_count + 1, last_error = v_error, claimed_at = NULL,
-        updated_at = now()
-    WHERE r.project_id = p_project_id AND r.claimed_at = p_claimed_at
-    RETURNING r.attempt_count INTO v_failed_runs;
+    v_end := chessboard.end_claim(p_project_id, p_claimed_at, NULL, v_error, interval '0');
     PERFORM chessboard.record_recalc_outcome('error', v_seconds, 0, 0, 0, 0);
     RETURN jsonb_build_object('outcome', 'failed', 'duration_seconds', v_seconds,
-                              'error', v_error, 'failed_runs', v_failed_runs,
+                              'error', v_error, 'failed_runs', v_end.failed_runs,
                               'timed_out', true);
 END
 $$;
@@ -465,6 +541,14 @@ $$;
 --     error (record_recalc_timeout), so a project that always hangs is poisoned after
 --     poison_attempts runs. The two are told apart by the call's age, not the message, which
 --     the server's locale translates.
+-- * The handlers' own waits are bounded (the block's rollback took the work's lock_timeout with
+--   it, and the drain's session sets none): each ends its attempt with end_claim, which waits
+--   for the claimed row at most: after lock_not_available, until a second before the call's
+--   statement timeout (the lock share of deadlock_timeout without one), so the give-back is
+--   written at once when the writer is quick and the call never fails on it; after a cancel,
+--   not at all (the call is being stopped, or is past its timeout, which does not fire twice).
+--   A writer holding the row longer leaves the end to the next tick's settle: no failed run
+--   for contention or a stop, no call past its bound, no drain run failed.
 --   A cancel landing outside the blocks (between a COMMIT and the next block: a few expressions)
 --   still ends the call with the error, as does any other error (the work's own errors are a
 --   "failed" outcome inside recalc_project_step; what is left is the server's trouble, e.g. a
@@ -474,7 +558,8 @@ $$;
 -- `results`: one JSON object per project, in order: the claim (project_id, tenant_id,
 -- last_reason, requested_count, attempt_count: failed runs before this attempt, waited_seconds)
 -- and what became of it (outcome, started: epoch seconds, duration_seconds, buildings_written,
--- layouts_published, layout_groups_published, projects_published, error, failed_runs).
+-- layouts_published, layout_groups_published, projects_published, error, failed_runs,
+-- requests_served).
 -- p_traceparents[n] is the n-th project's span, chosen by the drain before the call (the events
 -- carry it); NULL when nothing is traced.
 CREATE PROCEDURE chessboard.recalc_tick(
@@ -485,6 +570,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_claim_until timestamptz := clock_timestamp() + p_claim_for;
     v_timeout interval := nullif(current_setting('statement_timeout'), '0')::interval;
+    v_lock_wait interval := make_interval(secs => p_lock_share * extract(epoch FROM
+        current_setting('deadlock_timeout')::interval));
+    v_end record;
     v_attempted uuid[] := coalesce(p_attempted, '{}');
     v_started timestamptz;
     v_claim record;
@@ -521,26 +609,37 @@ BEGIN
                 'layouts_published', v_step.layouts_published,
                 'layout_groups_published', v_step.layout_groups_published,
                 'projects_published', v_step.projects_published,
-                'error', v_step.error, 'failed_runs', v_step.attempt_count);
+                'error', v_step.error, 'failed_runs', v_step.attempt_count,
+                'requests_served', v_step.requests_served);
         EXCEPTION
             WHEN lock_not_available THEN
-                PERFORM chessboard.release_claim(v_claim.project_id, v_claim.claimed_at,
-                                                 v_claim.previous_attempted_at);
+                -- A second before the statement timeout: room for the end's record and the
+                -- call's return (drain.py cancels a stopping call as long before it).
+                v_end := chessboard.end_claim(
+                    v_claim.project_id, v_claim.claimed_at, v_claim.previous_attempted_at, NULL,
+                    coalesce(v_timeout - (clock_timestamp() - statement_timestamp())
+                             - interval '1 second', v_lock_wait));
                 PERFORM chessboard.record_recalc_outcome('deferred', NULL, 0, 0, 0, 0);
                 v_attempted := v_attempted || v_claim.project_id;
                 v_report := jsonb_build_object('outcome', 'deferred');
-                IF n < p_batch AND clock_timestamp() < v_claim_until THEN
+                -- A cancel in the give-back's wait ends the call: no next claim.
+                IF NOT v_end.cancelled AND n < p_batch AND clock_timestamp() < v_claim_until THEN
                     SELECT * INTO v_next FROM chessboard.claim_due_request(v_attempted);
                     v_claimed_next := true;
                 END IF;
             WHEN query_canceled THEN
-                IF clock_timestamp() - statement_timestamp() >= v_timeout THEN
+                -- The statement timeout's, when the call is within half a second of it:
+                -- statement_timestamp() is the Execute message's, a little after the timeout was
+                -- armed (at the Parse), and a stop's cancel comes a second before it at the
+                -- latest (drain.py's CANCEL_BEFORE_TIMEOUT_SECONDS).
+                IF clock_timestamp() - statement_timestamp() >= v_timeout - interval '0.5 s' THEN
                     v_report := chessboard.record_recalc_timeout(
                         v_claim.project_id, v_claim.claimed_at, SQLSTATE, SQLERRM,
                         clock_timestamp() - v_started);
                 ELSE
-                    PERFORM chessboard.release_claim(v_claim.project_id, v_claim.claimed_at,
-                                                     v_claim.previous_attempted_at);
+                    PERFORM chessboard.end_claim(v_claim.project_id, v_claim.claimed_at,
+                                                 v_claim.previous_attempted_at, NULL,
+                                                 interval '0');
                     v_report := jsonb_build_object('outcome', 'interrupted');
                 END IF;
         END;
