@@ -1,4 +1,4 @@
--- depends: 0020_relay_events_beyond_source
+-- depends: 0021_bounded_handlers
 -- A group's developer follows its project (spec 003 INV-DIM-LG-2: DeveloperId is TenantId, "the
 -- project's DeveloperId, up the hierarchy"). layout_groups.tenant_id was copied from the project
 -- only when a group was inserted without one: a project passed to another developer, or a group

@@ -1,4 +1,4 @@
--- depends: 0020_relay_events_beyond_source
+-- depends: 0022_layout_group_follows_project
 -- The seconds until the next queue row is ready, as a function: the scheduler's tick (the
 -- 5-second Dagster sensor) records its beat and reads this in ONE statement, one transaction of
 -- the catalogue database per tick instead of two (issue 48: 21.8 transactions a second at rest),
