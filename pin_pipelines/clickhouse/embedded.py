@@ -169,8 +169,15 @@ class EmbeddedClickHouse(ClickHouse):
                 if self._owner is not None:
                     return
                 if not owner.owner_lock_held(folder):
-                    self._open_session()  # no owner: the folder itself, or the busy error
-                    return
+                    try:
+                        self._open_session()  # no owner: the folder itself, or the busy error
+                        return
+                    except ClickHouseUnavailable:
+                        # An owner that took the lock after the look above has the folder open
+                        # and answers in a moment (a check run launched beside the load run
+                        # failed here): wait for it. Held by a process that serves nothing: busy.
+                        if not owner.owner_lock_held(folder):
+                            raise
             if time.monotonic() > deadline:
                 raise ClickHouseUnavailable(
                     f"embedded ClickHouse folder {folder}: its owner did not answer within "
