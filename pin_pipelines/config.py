@@ -159,6 +159,10 @@ class Settings:
     #: PIN_CLICKHOUSE_PASSWORD_FILE: the ClickHouse password of a URL without one, read at each
     #: connection (a Kubernetes secret mounted as a file; a rotated one counts from the next).
     clickhouse_password_file: Path | None = None
+    #: PIN_CODE_SERVER_PORT: the loopback port of the code server `pin serve` and `pin dev` run
+    #: for the daemon and the webserver (serve.py). None: a free port chosen at each start, so
+    #: that two instances on one machine never clash.
+    code_server_port: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -215,6 +219,7 @@ class Settings:
             clickhouse_password_file=Path(e["PIN_CLICKHOUSE_PASSWORD_FILE"])
             if e.get("PIN_CLICKHOUSE_PASSWORD_FILE")
             else None,
+            code_server_port=_code_server_port(e, int(port)),
         )
 
     @property
@@ -290,6 +295,16 @@ def _api_metrics_port(env: Mapping[str, str]) -> int:
     port = _port(env, "PIN_API_METRICS_PORT", DEFAULT_API_METRICS_PORT)
     if port == _port(env, "PIN_API_PORT", DEFAULT_API_PORT):
         raise PinError(f"PIN_API_METRICS_PORT must differ from PIN_API_PORT, both are {port}")
+    return port
+
+
+def _code_server_port(env: Mapping[str, str], dagster_port: int) -> int | None:
+    """PIN_CODE_SERVER_PORT, never the webserver's port; None when unset."""
+    if not env.get("PIN_CODE_SERVER_PORT"):
+        return None
+    port = _port(env, "PIN_CODE_SERVER_PORT", 0)
+    if port == dagster_port:
+        raise PinError(f"PIN_CODE_SERVER_PORT must differ from PIN_DAGSTER_PORT, both are {port}")
     return port
 
 

@@ -1,4 +1,11 @@
-"""`pin serve` and `pin dev`: the Dagster processes on the instance; a stop ends the runs first."""
+"""`pin serve` and `pin dev`: the Dagster processes on the instance; a stop ends the runs first.
+
+One code server for the code location (`dagster api grpc`, started and restarted here) serves the
+daemon and the webserver alike through a `grpc_server` workspace that `pin serve` writes into
+DAGSTER_HOME. With the repository's `python_module` workspace each of them kept code servers of
+its own, and the daemon started a new one at each of its workspace reloads (every 60 s), each
+importing Dagster and the whole package (issue 48).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,10 @@ from pathlib import Path
 from typing import IO
 
 import dagster as dg
+import yaml
+from dagster._core.errors import DagsterUserCodeUnreachableError
+from dagster._core.workspace.load_target import WorkspaceFileTarget
+from dagster._grpc.client import DagsterGrpcClient
 
 from pin_pipelines.config import SOURCE_ROOT, Settings, dagster_pg_dsn, with_dead_peer_bounds
 from pin_pipelines.dagster_instance import TEMPLATE, write_instance_yaml
@@ -23,6 +34,7 @@ from pin_pipelines.defs.sensors import IN_FLIGHT
 from pin_pipelines.defs.stopping import STOPPING_MARKER
 from pin_pipelines.errors import PinError
 from pin_pipelines.signals import stop_requested
+from pin_pipelines.stack.process import free_port
 
 
 def prepare_dagster_home(settings: Settings) -> dict[str, str]:
@@ -56,7 +68,21 @@ def _bin(name: str) -> str:
     return found
 
 
-WORKSPACE = str(SOURCE_ROOT / "workspace.yaml")
+#: The code location: the repository's workspace.yaml (one `python_module`), which plain `dagster
+#: dev -w workspace.yaml` loads too. `pin serve` serves it from its one code server.
+WORKSPACE = SOURCE_ROOT / "workspace.yaml"
+#: The workspace the daemon and the webserver of `pin serve` and `pin dev` load: that location by
+#: `grpc_server`, on the code server below. Written into DAGSTER_HOME at each start.
+GRPC_WORKSPACE = "grpc_workspace.yaml"
+CODE_SERVER_HOST = "127.0.0.1"
+#: The code server loads the package before it answers; Dagster gives a code server it starts
+#: itself as long (the instance's code_server_process_startup_timeout default).
+CODE_SERVER_START_SECONDS = 180.0
+#: A code server that dies is started again, unless it died this many times in a row, each within
+#: CODE_SERVER_STEADY_SECONDS of its start: then it cannot run here (its port taken, the
+#: environment broken), and `pin serve` stops with its exit code rather than loop.
+CODE_SERVER_QUICK_EXITS = 3
+CODE_SERVER_STEADY_SECONDS = 60.0
 #: How long a stop waits for the runs in flight: a stop ends a drain after its project in hand
 #: (one stuck for 5 s is cancelled), a relay after its batch in hand, a load after its batch in
 #: hand. With CHILD_STOP_SECONDS, within the 30 s grace of Kubernetes' and Docker's stop.
@@ -76,27 +102,147 @@ NOT_YET_STARTED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING
 STOP_CANCEL_MESSAGE = "Canceled by the stop of pin serve before it started."
 
 
+def grpc_workspace(settings: Settings) -> str:
+    """Where `pin serve` writes the workspace its daemon and webserver load."""
+    return str(settings.dagster_home / GRPC_WORKSPACE)
+
+
 def _ui_args(settings: Settings) -> list[str]:
     """Workspace and loopback address shared by dagster-webserver and dagster dev."""
-    return ["-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(settings.dagster_port)]
+    return ["-w", grpc_workspace(settings), "-h", "127.0.0.1", "-p", str(settings.dagster_port)]
 
 
 def serve(settings: Settings) -> None:
-    """dagster-daemon and dagster-webserver until SIGTERM or SIGINT, as in production."""
+    """The code server, dagster-daemon and dagster-webserver until SIGTERM or SIGINT, as in
+    production."""
     _supervise(
         settings,
         {
-            "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", WORKSPACE],
+            "dagster-daemon": [_bin("dagster-daemon"), "run", "-w", grpc_workspace(settings)],
             "dagster-webserver": [_bin("dagster-webserver"), *_ui_args(settings)],
         },
     )
 
 
 def dagster_dev(settings: Settings) -> None:
-    """`dagster dev` on the project's instance (local use), stopped as `pin serve` stops: a
-    `dagster dev` stopped by the terminal's Ctrl-C leaves its run workers to die with the signal
-    (FAILURE runs), and its runs to outlive it until their budget ends."""
+    """`dagster dev` on the project's instance and code server (local use), stopped as `pin
+    serve` stops: a `dagster dev` stopped by the terminal's Ctrl-C leaves its run workers to die
+    with the signal (FAILURE runs), and its runs to outlive it until their budget ends. Given a
+    `grpc_server` workspace, `dagster dev` starts no code server of its own. The UI's reload reads
+    the definitions again from that server; a code change needs `pin dev` started again."""
     _supervise(settings, {"dagster dev": [_bin("dagster"), "dev", *_ui_args(settings)]})
+
+
+class _CodeServer:
+    """`dagster api grpc` serving the location of workspace.yaml on a loopback port, for the
+    daemon and the webserver: started before them, stopped after them, and started again on
+    the same port when it dies (they find it there again by themselves, see docs/production.md).
+
+    `dagster api grpc`, not the `dagster code-server start` proxy that `dagster dev` runs: the
+    proxy is a second process that forwards every call to a `dagster api grpc` child it does
+    not restart when that child dies (only the UI's reload replaces it), so its death would
+    leave the location unreachable with the proxy still alive. Here the process that loads the
+    code is this process's child: its death is seen and repaired at once. What the proxy adds,
+    code reloaded without a restart, is a development convenience `pin serve` does not need."""
+
+    def __init__(self, settings: Settings, env: dict[str, str], sweeper: _Sweeper) -> None:
+        (origin,) = WorkspaceFileTarget(paths=[str(WORKSPACE)]).create_origins()
+        self.port = settings.code_server_port or free_port()
+        self.argv = [
+            _bin("dagster"),
+            *("api", "grpc", "-h", CODE_SERVER_HOST, "-p", str(self.port)),
+            *("--location-name", origin.location_name),
+            *origin.loadable_target_origin.get_cli_args(),
+        ]
+        self._env = env
+        self._sweeper = sweeper
+        self._quick_exits = 0
+        Path(grpc_workspace(settings)).write_text(
+            f"# Written by `pin serve` / `pin dev` at each start: {WORKSPACE.name}'s location on\n"
+            "# the code server they run (pin_pipelines/serve.py).\n"
+            + yaml.safe_dump(
+                {
+                    "load_from": [
+                        {
+                            "grpc_server": {
+                                "host": CODE_SERVER_HOST,
+                                "port": self.port,
+                                "location_name": origin.location_name,
+                            }
+                        }
+                    ]
+                },
+                sort_keys=False,
+            )
+        )
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(
+            self.argv,
+            env=self._env,
+            cwd=SOURCE_ROOT,
+            process_group=0,
+            preexec_fn=_dies_with_this_process(),
+        )
+        self.started = time.monotonic()
+        self._sweeper.watch(self.process.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def serving(self) -> bool:
+        try:
+            DagsterGrpcClient(port=self.port, host=CODE_SERVER_HOST).ping("")
+        except DagsterUserCodeUnreachableError:
+            return False
+        return True
+
+    def wait_until_serving(self, stopping: Callable[[], bool]) -> None:
+        """Until it answers (or a stop is asked for): the daemon and the webserver then load
+        the location at their start instead of logging it unreachable until it is."""
+        deadline = time.monotonic() + CODE_SERVER_START_SECONDS
+        while not stopping() and not self.serving():
+            if self.process.poll() is not None:
+                raise PinError(
+                    f"the code server exited with code {self.process.returncode} while "
+                    f"starting on 127.0.0.1:{self.port} (its log above)"
+                )
+            if time.monotonic() > deadline:
+                raise PinError(
+                    f"the code server did not answer within {CODE_SERVER_START_SECONDS:g}s "
+                    f"on 127.0.0.1:{self.port}"
+                )
+            time.sleep(0.5)
+
+    def keep_alive(self) -> None:
+        """Start it again if it died."""
+        code = self.process.poll()
+        if code is None:
+            return
+        lived = time.monotonic() - self.started
+        self._quick_exits = self._quick_exits + 1 if lived < CODE_SERVER_STEADY_SECONDS else 1
+        if self._quick_exits >= CODE_SERVER_QUICK_EXITS:
+            raise PinError(
+                f"the code server exited {self._quick_exits} times in a row within "
+                f"{CODE_SERVER_STEADY_SECONDS:g}s of its start (last with code {code})"
+            )
+        print(
+            f"pin: the code server exited with code {code} after {lived:.0f}s; starting "
+            f"another on 127.0.0.1:{self.port}",
+            file=sys.stderr,
+        )
+        self._start()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=CHILD_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
@@ -118,25 +264,38 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
     # serve` stops nothing: its children die with it (PR_SET_PDEATHSIG), and the sweeper kills
     # what is left in their groups (their code servers, run workers), see sweeper.py.
     sweeper = _Sweeper()
-    children = {}
-    for name, argv in commands.items():
-        children[name] = subprocess.Popen(
-            argv, env=env, cwd=SOURCE_ROOT, process_group=0, preexec_fn=_dies_with_this_process()
-        )
-        sweeper.watch(children[name].pid)
-    print(
-        f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
-        f"(DAGSTER_HOME={env['DAGSTER_HOME']}); Ctrl-C stops {' and '.join(children)}",
-        file=sys.stderr,
-    )
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    code_server = _CodeServer(settings, env, sweeper)
     try:
+        code_server.wait_until_serving(stopping)
+        for name, argv in commands.items():
+            if stopping():
+                break
+            children[name] = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=SOURCE_ROOT,
+                process_group=0,
+                preexec_fn=_dies_with_this_process(),
+            )
+            sweeper.watch(children[name].pid)
+        print(
+            f"pin: Dagster UI on http://127.0.0.1:{settings.dagster_port} "
+            f"(DAGSTER_HOME={env['DAGSTER_HOME']}, code server on 127.0.0.1:{code_server.port});"
+            f" Ctrl-C stops {' and '.join(children)} and the code server",
+            file=sys.stderr,
+        )
         while not stopping() and all(child.poll() is None for child in children.values()):
             sweeper.keep_alive()
+            code_server.keep_alive()
+            _reap_adopted(keep={sweeper.pid, code_server.pid, *(c.pid for c in children.values())})
             time.sleep(0.5)
         if stopping():
             _wind_down(settings, env, marker)
     finally:
         marker.unlink(missing_ok=True)
+        # The code server last: the daemon and the webserver launch runs and terminate them
+        # through it until they are gone.
         for child in children.values():
             if child.poll() is None:
                 child.terminate()
@@ -146,6 +305,7 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        code_server.stop()
         _stop_descendants(CHILD_STOP_SECONDS, spare=sweeper.pid)
         sweeper.close()
         if stopping():
@@ -157,9 +317,9 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
 
 
 def _adopt_orphans() -> None:
-    """Make `pin serve` the subreaper of what it starts: a code server or run worker whose parent
-    (the daemon, the webserver) died first stays its descendant, so `_stop_descendants` finds it
-    (a code server once outlived a stop by minutes, parented to init)."""
+    """Make `pin serve` the subreaper of what it starts: a run worker whose parent (the code
+    server) died first stays its descendant, so `_stop_descendants` finds it (a code server once
+    outlived a stop by minutes, parented to init)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print(
@@ -270,17 +430,25 @@ def _stop_descendants(grace: float, spare: int | None = None) -> None:
                 os.kill(pid, signum)
         deadline = time.monotonic() + grace
         while left and time.monotonic() < deadline:
-            _reap_adopted()
+            _reap_adopted(keep={spare} if spare else set())
             time.sleep(0.1)
             left = [pid for pid in left if pid in _descendants()]
-    _reap_adopted()
+    _reap_adopted(keep={spare} if spare else set())
 
 
-def _reap_adopted() -> None:
-    """Collect exited orphans (children only by adoption: no Popen waits for them)."""
-    with suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _reap_adopted(keep: set[int]) -> None:
+    """Collect exited orphans (children only by adoption, such as the run workers of a code
+    server that died: no Popen waits for them). The children in `keep` are left to their Popen,
+    which would otherwise read a stolen exit status as 0."""
+    while True:
+        try:
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if exited is None or exited.si_pid in keep:
+            return
+        with suppress(ChildProcessError):
+            os.waitpid(exited.si_pid, 0)
 
 
 @contextmanager

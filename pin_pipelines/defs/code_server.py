@@ -1,7 +1,7 @@
 """A Dagster code server that ends when it is told to, also after a storage error.
 
-Dagster 1.13's code server (`dagster api grpc`, the one the daemon and the webserver start for
-the code location) ends through one path only: its cleanup thread, every 0.5 s,
+Dagster 1.13's code server (`dagster api grpc`: the one `pin serve` runs, serve.py; before, those
+of the daemon and the webserver) ends through one path only: its cleanup thread, every 0.5 s,
 `DagsterApiServer._check_for_orphaned_runs`, which, for each run process that has exited, opens
 the instance from the run's instance ref and reads the run (to report a crash), and sets the
 server's termination event once a shutdown was asked for (ShutdownServer, or no heartbeat for

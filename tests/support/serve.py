@@ -83,9 +83,10 @@ def start_serve(
     )
 
 
-def session_processes(sid: int) -> list[str]:
-    """The live processes of session `sid` (`pin serve` and everything it started), from /proc."""
-    found = []
+def session_table(sid: int) -> dict[int, tuple[int, str]]:
+    """The live processes of session `sid` (`pin serve` and everything it started), from /proc:
+    parent pid and command line by pid."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -95,8 +96,18 @@ def session_processes(sid: int) -> list[str]:
         except OSError:
             continue
         if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{entry.name}: {command}")
+            found[int(entry.name)] = (int(fields[1]), command)
     return found
+
+
+def session_processes(sid: int) -> list[str]:
+    """The live processes of session `sid` as `pid: command line`."""
+    return [f"{pid}: {command}" for pid, (_, command) in session_table(sid).items()]
+
+
+def code_servers(sid: int) -> dict[int, tuple[int, str]]:
+    """The code servers (`dagster api grpc`) of session `sid`, as `session_table` lists them."""
+    return {pid: row for pid, row in session_table(sid).items() if " api grpc " in row[1]}
 
 
 def session_pids(sid: int) -> list[int]:

@@ -442,7 +442,7 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 def test_the_image_serves_the_code_location() -> None:
     """deploy/Dockerfile: python:3.11-slim, the checkout installed editable with the k8s extra, a
     non-root user, and a CMD serving `pin_pipelines.definitions` (the module pyproject.toml,
-    workspace.yaml and the values' codeServerArgs name) on the port it exposes and the values
+    workspace.yaml and the values' dagsterApiGrpcArgs name) on the port it exposes and the values
     give; .dockerignore keeps the local state out and everything the image copies in."""
     instructions = dockerfile_instructions()
     by_word: dict[str, list[str]] = {}
@@ -456,11 +456,14 @@ def test_the_image_serves_the_code_location() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
 
     assert by_word["FROM"] == ["python:3.11-slim"]
-    assert command[:3] == ["dagster", "code-server", "start"]
+    # `dagster api grpc`, as `pin serve` runs it: the process that loads the code is the
+    # container's, not a proxy's child that nothing restarts.
+    assert command[:3] == ["dagster", "api", "grpc"]
     assert module == "pin_pipelines.definitions"
     assert module == pyproject["tool"]["dagster"]["module_name"] == workspace["module_name"]
     assert importlib.util.find_spec(module) is not None
-    assert server["codeServerArgs"] == ["-m", module]
+    assert server["dagsterApiGrpcArgs"] == ["-m", module]
+    assert "codeServerArgs" not in server
     assert port == server["port"] == int(by_word["EXPOSE"][-1])
     assert by_word["USER"][-1] not in ("root", "0")
     assert any('pip install --editable ".[k8s]"' in run for run in by_word["RUN"])
