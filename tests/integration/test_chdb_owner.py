@@ -64,10 +64,10 @@ def test_a_reader_that_looked_before_an_owner_took_the_folder_waits_for_it(
     """Tried: the interleaving a check run launched beside the load run met in a `pin serve`
     stop test (1 stop in 20): the reader found no owner answering and the owner lock free, and
     by the time it opened the folder the load run had taken the lock and the folder, not yet
-    answering on its socket. The reader's three looks (its connection, its wait for an owner, the lock) are made to see
-    that moment (their first
-    calls answer as they did then) while a real owner holds the folder. Before, the reader
-    failed: "… is in use by process N; chdb allows one process per folder". Now it waits for
+    answering on its socket. The reader's three looks (its connection, its wait for an owner,
+    the lock) are made to see that moment (their first calls answer as they did then) while a
+    real owner holds the folder. Before, the reader failed: "… is in use by process N; chdb
+    allows one process per folder". Now it waits for
     the owner and its statement is answered there."""
     monkeypatch.setattr(owner, "connect", _first_call(None, owner.connect))
     monkeypatch.setattr(owner, "wait_for_owner", _first_call(None, owner.wait_for_owner))
