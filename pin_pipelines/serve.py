@@ -83,11 +83,19 @@ CODE_SERVER_START_SECONDS = 180.0
 #: environment broken), and `pin serve` stops with its exit code rather than loop.
 CODE_SERVER_QUICK_EXITS = 3
 CODE_SERVER_STEADY_SECONDS = 60.0
-#: How long a stop waits for the runs in flight: a stop ends a drain after its project in hand
-#: (one stuck for 5 s is cancelled), a relay after its batch in hand, a load after its batch in
-#: hand. With CHILD_STOP_SECONDS, within the 30 s grace of Kubernetes' and Docker's stop.
+#: A stop ends within this of the signal, whatever its steps take: Kubernetes and Docker kill
+#: what is left 30 s after their stop signal. Each step waits only for what is left of it (under
+#: a load average of 16 the steps' own bounds once added up past 30 s).
+STOP_SECONDS = 27.0
+#: Of which the runs in flight get this long: a stop ends a drain after its project in hand (one
+#: stuck for 5 s is cancelled), a relay after its batch in hand, a load after its batch in hand.
 WIND_DOWN_SECONDS = 20.0
-#: Then each Dagster process gets this long to exit on SIGTERM before it is killed.
+#: Then the runs still in flight are canceled and get this long to end.
+CANCELED_RUNS_SECONDS = 3.0
+#: The rest is the processes': the daemon and the webserver, then the code server, then what is
+#: left below (SIGTERM, then SIGKILL), each leaving this much of it to the next ones.
+PROCESS_STEP_SECONDS = 1.0
+#: A child that exits by itself (no stop asked) leaves the others this long to exit on SIGTERM.
 CHILD_STOP_SECONDS = 5.0
 #: prctl(2): orphaned descendants are re-parented to this process instead of init.
 PR_SET_CHILD_SUBREAPER = 36
@@ -235,14 +243,11 @@ class _CodeServer:
         )
         self._start()
 
-    def stop(self) -> None:
+    def stop(self, end: float) -> None:
+        """SIGTERM, SIGKILL at monotonic time `end`."""
         if self.process.poll() is None:
             self.process.terminate()
-        try:
-            self.process.wait(timeout=CHILD_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        _wait_or_kill(self.process, end)
 
 
 def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
@@ -266,6 +271,7 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
     sweeper = _Sweeper()
     children: dict[str, subprocess.Popen[bytes]] = {}
     code_server = _CodeServer(settings, env, sweeper)
+    end: float | None = None  # when the stop must be over (monotonic)
     try:
         code_server.wait_until_serving(stopping)
         for name, argv in commands.items():
@@ -291,8 +297,11 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
             _reap_adopted(keep={sweeper.pid, code_server.pid, *(c.pid for c in children.values())})
             time.sleep(0.5)
         if stopping():
+            end = time.monotonic() + STOP_SECONDS
             _wind_down(settings, env, marker)
     finally:
+        if end is None:  # a child exited by itself, or this process failed
+            end = time.monotonic() + 3 * CHILD_STOP_SECONDS
         marker.unlink(missing_ok=True)
         # The code server last: the daemon and the webserver launch runs and terminate them
         # through it until they are gone.
@@ -300,14 +309,10 @@ def _supervise(settings: Settings, commands: dict[str, list[str]]) -> None:
             if child.poll() is None:
                 child.terminate()
         for child in children.values():
-            try:
-                child.wait(timeout=CHILD_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        code_server.stop()
-        _stop_descendants(CHILD_STOP_SECONDS, spare=sweeper.pid)
-        sweeper.close()
+            _wait_or_kill(child, end - 2 * PROCESS_STEP_SECONDS)
+        code_server.stop(end - PROCESS_STEP_SECONDS)
+        _stop_descendants(end, spare=sweeper.pid)
+        sweeper.close(end)
         if stopping():
             _cancel_unstarted(settings, env)
     if not stopping():
@@ -388,16 +393,26 @@ class _Sweeper:
                 self.pipe.close()
             self._start()
 
-    def close(self) -> None:
+    def close(self, end: float) -> None:
         """End the pipe: the sweeper kills what is left in the groups (nothing, after a clean
-        stop) and exits."""
+        stop) and exits; killed if it has not by monotonic time `end`."""
         with suppress(BrokenPipeError):
             self.pipe.close()
-        try:
-            self.process.wait(timeout=CHILD_STOP_SECONDS * 3)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        _wait_or_kill(self.process, end)
+
+
+#: However late a step comes, its process gets this long to exit before it is killed.
+LEAST_WAIT_SECONDS = 0.2
+
+
+def _wait_or_kill(process: subprocess.Popen[bytes], end: float) -> None:
+    """Wait for `process` until monotonic time `end` (LEAST_WAIT_SECONDS at least), then
+    SIGKILL it and reap it."""
+    try:
+        process.wait(timeout=max(end - time.monotonic(), LEAST_WAIT_SECONDS))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _descendants() -> list[int]:
@@ -419,16 +434,17 @@ def _descendants() -> list[int]:
     return found
 
 
-def _stop_descendants(grace: float, spare: int | None = None) -> None:
+def _stop_descendants(end: float, spare: int | None = None) -> None:
     """SIGTERM to what is left below this process (orphans it adopted, their children), SIGKILL
-    after `grace`, and reap the adopted ones: nothing of the instance outlives `pin serve`.
-    `spare` (the sweeper) is left to end by itself."""
+    at monotonic time `end` (LEAST_WAIT_SECONDS at least), and reap the adopted ones: nothing of
+    the instance outlives `pin serve`. `spare` (the sweeper) is left to end by itself."""
     left = [pid for pid in _descendants() if pid != spare]
     for signum in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
             with suppress(ProcessLookupError):
                 os.kill(pid, signum)
-        deadline = time.monotonic() + grace
+        deadline = max(end, time.monotonic() + LEAST_WAIT_SECONDS)
+        end = deadline + PROCESS_STEP_SECONDS  # after SIGKILL: the reaping
         while left and time.monotonic() < deadline:
             _reap_adopted(keep={spare} if spare else set())
             time.sleep(0.1)
@@ -474,10 +490,10 @@ def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
     and a run left queued was dequeued by the daemon as it was being stopped and failed
     ("marked as failed from outside the execution context"). Bounded: past WIND_DOWN_SECONDS
     the runs still in flight are canceled (a started run's worker is interrupted and ends
-    CANCELED, not FAILURE) and get CHILD_STOP_SECONDS more."""
+    CANCELED, not FAILURE) and get CANCELED_RUNS_SECONDS more."""
+    deadline = time.monotonic() + WIND_DOWN_SECONDS
     marker.touch()
     print("pin: stopping: no new runs; waiting for the runs in flight", file=sys.stderr)
-    deadline = time.monotonic() + WIND_DOWN_SECONDS
     with open_instance(settings, env) as instance:
         while _cancel_queued(instance):
             if time.monotonic() > deadline:
@@ -486,7 +502,7 @@ def _wind_down(settings: Settings, env: dict[str, str], marker: Path) -> None:
                     file=sys.stderr,
                 )
                 _cancel_launched(instance)
-                wait_until_ended = time.monotonic() + CHILD_STOP_SECONDS
+                wait_until_ended = deadline + CANCELED_RUNS_SECONDS
                 while _cancel_queued(instance) and time.monotonic() < wait_until_ended:
                     time.sleep(0.5)
                 return
