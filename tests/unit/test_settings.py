@@ -43,6 +43,7 @@ def test_defaults_follow_the_state_folder_and_the_database() -> None:
     assert settings.kafka_replication_factor is None
     assert settings.kafka_min_insync_replicas is None
     assert settings.long_run_seconds == 300
+    assert settings.relay_backstop_seconds == 5.0
 
 
 def test_every_variable_is_read() -> None:
@@ -68,6 +69,7 @@ def test_every_variable_is_read() -> None:
         "PIN_KAFKA_MIN_INSYNC_REPLICAS": "2",
         "PIN_DEVSTATS_MAX_LOAD_RUNS": "3",
         "PIN_LONG_RUN_SECONDS": "600",
+        "PIN_RELAY_BACKSTOP_SECONDS": "2.5",
     }
     s = Settings.from_env(env)
     assert (s.pg_dsn, s.kafka_bootstrap) == (env["PIN_PG_DSN"], "k1:9092,k2:9092")
@@ -86,6 +88,7 @@ def test_every_variable_is_read() -> None:
     )
     assert s.devstats_max_load_runs == 3
     assert s.long_run_seconds == 600
+    assert s.relay_backstop_seconds == 2.5
     assert s.pg == PgTarget("db.internal", 6432, "app", "catalogue")
     assert s.kafka_host_port == ("k1", 9092) and not s.kafka_is_local
 
@@ -108,6 +111,10 @@ def test_every_variable_is_read() -> None:
         # A run shorter than its successor's longest launch margin would hand over at once.
         ({"PIN_LONG_RUN_SECONDS": "45"}, r"^PIN_LONG_RUN_SECONDS must be at least 60 .*got 45$"),
         ({"PIN_LONG_RUN_SECONDS": "5m"}, r"^PIN_LONG_RUN_SECONDS must be a whole number ≥ 1"),
+        # Above 60 the relay's session would idle into its 2-minute timeout between looks.
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "61"}, r"^PIN_RELAY_BACKSTOP_SECONDS must be a number"),
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "0"}, r"above 0 and at most 60, got '0'$"),
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "5s"}, r"above 0 and at most 60, got '5s'$"),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line(env: dict[str, str], message: str) -> None:
