@@ -111,13 +111,19 @@ class OutboxRelay:
             self._conn.close()
             self._conn = None
 
-    def run_once(self, should_stop: Callable[[], bool] = never) -> RelaySummary:
+    def run_once(
+        self, should_stop: Callable[[], bool] = never, *, ready: bool = False
+    ) -> RelaySummary:
         """Publish every event committed before this call; returns what was done. `should_stop`
-        is checked between batches: the batch in hand commits (or aborts) whole first."""
+        is checked between batches: the batch in hand commits (or aborts) whole first. `ready`:
+        take the relay lock and start the producer even when the outbox is empty (a continuous
+        relay), so the first event after a start or a hand-over does not wait for them."""
         started = time.monotonic()
         summary = RelaySummary(runs=1)
         try:
             conn = self._connection()
+            if ready:
+                self._sender_for(conn, summary)
             horizon = Q.outbox_horizon(conn)
             if horizon is not None:
                 self._relay_up_to(conn, horizon, summary, should_stop)
@@ -163,7 +169,7 @@ class OutboxRelay:
         with OutboxListener(self.settings.pg_dsn) as listener:
             listener.listen()  # before the first run looks: a commit after that look wakes it
             return run_until_spent(
-                lambda: self.run_once(budget.stopping),
+                lambda: self.run_once(budget.stopping, ready=True),
                 budget,
                 into,
                 idle_seconds=self.settings.relay_backstop_seconds,
