@@ -8,7 +8,9 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
+import uuid
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -16,8 +18,10 @@ from typing import Any
 
 import aiosql
 import psycopg
+from confluent_kafka import Consumer, TopicPartition
 
 from pin_pipelines.config import dsn_with_dbname
+from pin_pipelines.kafka import client_config
 from pin_pipelines.migrate import migrate_postgres
 from pin_pipelines.recalc.drain import drain_tick
 
@@ -79,6 +83,36 @@ def seconds_quantiles(values: list[float], *, with_max: bool = False) -> dict[st
     if with_max:
         found["max_s"] = round(max(values), 2)
     return found
+
+
+class Arrivals(threading.Thread):
+    """A consumer from the given offsets, in a thread that does nothing else: per key, the
+    first message's Kafka timestamp (ms) and its arrival (epoch s), stamped when librdkafka
+    hands it over (a consumer polled between other work stamps it when it is next polled)."""
+
+    def __init__(self, bootstrap: str, config: dict[str, Any], start: list[TopicPartition]):
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
+            {
+                **client_config(bootstrap),
+                "group.id": f"bench-c2k-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                **config,
+            }
+        )
+        self.consumer.assign(start)
+        self.seen: dict[str, tuple[int, float]] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            msg = self.consumer.poll(0.05)
+            if msg is not None and msg.error() is None:
+                arrived = time.time()
+                self.seen.setdefault(
+                    bytes(msg.key() or b"").decode(), (msg.timestamp()[1], arrived)
+                )
+        self.consumer.close()
 
 
 def drain_all(dsn: str) -> int:

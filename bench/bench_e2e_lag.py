@@ -7,8 +7,14 @@ spec's 30 s debounce. Prints ONE JSON line.
 Each change moves one layout's area, so its project's layout group gets new bounds: a
 layout-group event the dimension loads. Legs, each p50/p99 in seconds:
 - edit → recalc commit: the edit's commit to the group row's new `updated_at` (the drain);
-- commit → Kafka: the event's outbox `CreatedAt` to its arrival at a read_committed consumer;
-- Kafka → dimension: that arrival to the row's SourceVersion being visible to an argMax read;
+- commit → Kafka: the event's outbox row creation (its Kafka timestamp, in the drain's
+  transaction) to its arrival at a read_committed consumer with librdkafka's defaults, polled in
+  a thread of its own (`commit_to_kafka_each`: every event's, in commit order);
+- commit → Kafka as polled: the same to when this script's loop (which also queries PostgreSQL
+  and ClickHouse, then sleeps 0.1 s) next polled its own consumer: what this leg reported before
+  the thread (an arrival waits for the loop's next turn, so it adds up to a turn, `loop_turn`);
+- Kafka → dimension: that arrival (the thread's) to the row's SourceVersion being visible to an
+  argMax read;
 - end to end: the edit's commit to the row being visible.
 The dimension lives on the Debian ClickHouse server of `pin stack up --clickhouse-server` (a
 database of its own), so this script can read it while the loader writes.
@@ -17,6 +23,7 @@ database of its own), so this script can read it while the loader writes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -34,7 +41,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_DSN, bench_queries, fresh_database, seconds_quantiles
+from _common import BASE_DSN, Arrivals, bench_queries, fresh_database, seconds_quantiles
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.config import DEFAULT_KAFKA_BOOTSTRAP, dagster_pg_url_from, dsn_with_dbname
@@ -63,10 +70,13 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--every", type=float, default=3.0, help="seconds between changes")
     parser.add_argument("--port", type=int, default=3117)
+    parser.add_argument(
+        "--database", default="pin_bench_e2e", help="made afresh, and <name>_dagster beside it"
+    )
     args = parser.parse_args()
 
-    dsn = fresh_database("pin_bench_e2e")
-    dagster_db = "pin_bench_e2e_dagster"
+    dsn = fresh_database(args.database)
+    dagster_db = f"{args.database}_dagster"
     with psycopg.connect(dsn_with_dbname(BASE_DSN, "postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{dagster_db}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{dagster_db}"')
@@ -119,6 +129,8 @@ def main() -> None:
     loader.commit(offsets=ends, asynchronous=False)
     loader.close()
     consumer.assign(ends)
+    arrivals = Arrivals(bootstrap, {"isolation.level": "read_committed"}, ends)
+    arrivals.start()
 
     serve = subprocess.Popen(
         [sys.executable, "-m", "pin_pipelines.cli", "serve"],
@@ -130,12 +142,14 @@ def main() -> None:
     recalc: dict[object, float] = {}
     kafka: dict[str, tuple[float, float]] = {}  # group → (CreatedAt, arrival)
     visible: dict[object, float] = {}
+    turns: list[float] = []
     try:
         time.sleep(15)  # daemon and code server start-up
         random.shuffle(projects)
         with psycopg.connect(dsn, autocommit=True) as conn, open_clickhouse(CLICKHOUSE_URL) as ch:
             deadline = time.time() + args.changes * args.every + 150
             while time.time() < deadline and len(visible) < args.changes:
+                turns.append(time.monotonic())
                 if len(edited) < args.changes and (
                     not edited or time.time() - max(edited.values()) >= args.every
                 ):
@@ -177,10 +191,18 @@ def main() -> None:
         serve.send_signal(signal.SIGTERM)
         serve.wait(120)
         consumer.close()
+        arrivals.stop.set()
+        arrivals.join(10)
+    precise = {
+        g: arrivals.seen[str(g)] for g in sorted(recalc, key=recalc.get) if str(g) in arrivals.seen
+    }
     legs = {
         "edit_to_recalc_commit": [recalc[g] - edited[g] for g in recalc],
-        "commit_to_kafka": [kafka[str(g)][1] - kafka[str(g)][0] for g in edited if str(g) in kafka],
-        "kafka_to_dimension": [visible[g] - kafka[str(g)][1] for g in visible if str(g) in kafka],
+        "commit_to_kafka": [arrived - ms / 1000 for ms, arrived in precise.values()],
+        "commit_to_kafka_polled": [
+            kafka[str(g)][1] - kafka[str(g)][0] for g in edited if str(g) in kafka
+        ],
+        "kafka_to_dimension": [visible[g] - precise[g][1] for g in visible if g in precise],
         "end_to_end": [visible[g] - edited[g] for g in visible],
     }
     print(
@@ -193,6 +215,8 @@ def main() -> None:
                 "edited": len(edited),
                 "observed": len(visible),
                 "lag": {name: seconds_quantiles(values) for name, values in legs.items()},
+                "commit_to_kafka_each": [round(v, 3) for v in legs["commit_to_kafka"]],
+                "loop_turn": seconds_quantiles([b - a for a, b in itertools.pairwise(turns)]),
             }
         )
     )

@@ -152,7 +152,7 @@ def _relay_worker(stop: Any) -> None:
 
     threading.Thread(target=relay_stop, daemon=True).start()
     with OutboxRelay(Settings.from_env()) as relay:
-        relay.run_until(thread_stop.is_set, idle_seconds=0.05)
+        relay.run_until(thread_stop.is_set)
 
 
 def lag(settings: Settings, rate: int, seconds: float) -> dict[str, float]:

@@ -27,6 +27,12 @@ DEFAULT_RECALC_TICK_SECONDS = 5
 #: Followed by the database's name: two outboxes publishing to one Kafka cluster (staging and a
 #: benchmark on a shared broker) must not fence each other's relays.
 RELAY_TRANSACTIONAL_ID_PREFIX = "pin-outbox-relay"
+#: The relay wakes on the outbox's notification; it looks at the outbox unwoken this often too,
+#: for a notification lost with its listening session (a failover, a restart). At most
+#: MAX_RELAY_BACKSTOP_SECONDS: half the relay session's idle timeout (relay/outbox.py), which
+#: the backstop's statements keep from ending it.
+DEFAULT_RELAY_BACKSTOP_SECONDS = 5.0
+MAX_RELAY_BACKSTOP_SECONDS = 60.0
 DEFAULT_KAFKA_PARTITIONS = 6
 #: min.compaction.lag.ms of the changelog topics: every version stays readable for a week before
 #: compaction may drop it for a newer one of the same key (a loader down for days replays them).
@@ -141,6 +147,9 @@ class Settings:
     devstats_max_load_runs: int = DEFAULT_DEVSTATS_MAX_LOAD_RUNS
     #: PIN_LONG_RUN_SECONDS: the budget the sensors give each relay and load run they launch.
     long_run_seconds: int = DEFAULT_LONG_RUN_SECONDS
+    #: PIN_RELAY_BACKSTOP_SECONDS: the longest a relay waits without a notification before it
+    #: looks at the outbox anyway.
+    relay_backstop_seconds: float = DEFAULT_RELAY_BACKSTOP_SECONDS
     #: PIN_CLICKHOUSE_SERVER_URL: the server `pin stack up|status|down --clickhouse-server`
     #: manages when PIN_CLICKHOUSE_URL does not name one (it is chdb, or a cluster's server).
     clickhouse_server_url: str = field(default=DEFAULT_CLICKHOUSE_SERVER_URL, repr=False)
@@ -197,6 +206,7 @@ class Settings:
             recalc_tick_seconds=recalc_tick_seconds(e),
             relay_transactional_id=e.get("PIN_RELAY_TRANSACTIONAL_ID")
             or f"{RELAY_TRANSACTIONAL_ID_PREFIX}-{PgTarget.parse(pg_dsn).dbname}",
+            relay_backstop_seconds=_relay_backstop_seconds(e),
             dagster_retention_success_days=_days(e, "PIN_DAGSTER_RETENTION_SUCCESS_DAYS", 3.0),
             dagster_retention_failure_days=_days(e, "PIN_DAGSTER_RETENTION_FAILURE_DAYS", 14.0),
             metrics_addr=e.get("PIN_METRICS_ADDR") or DEFAULT_METRICS_ADDR,
@@ -271,6 +281,22 @@ def _load_runs(env: Mapping[str, str], clickhouse_url: str) -> int:
             "clickhouse://…): the embedded chdb admits one loader process per folder"
         )
     return runs
+
+
+def _relay_backstop_seconds(env: Mapping[str, str]) -> float:
+    raw = env.get("PIN_RELAY_BACKSTOP_SECONDS")
+    if not raw:
+        return DEFAULT_RELAY_BACKSTOP_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_RELAY_BACKSTOP_SECONDS:
+        raise PinError(
+            "PIN_RELAY_BACKSTOP_SECONDS must be a number of seconds above 0 and at most "
+            f"{MAX_RELAY_BACKSTOP_SECONDS:g}, got {raw!r}"
+        )
+    return seconds
 
 
 def _long_run_seconds(env: Mapping[str, str]) -> int:

@@ -22,6 +22,10 @@ from pin_pipelines.errors import PinError, first_line
 STOP_POLL_SECONDS = 0.05
 
 
+#: Waits up to the given seconds for work to arrive (a notification); True when it did.
+Wake = Callable[[float], bool]
+
+
 def never() -> bool:
     """The stop flag of a worker nobody stops: it ends with its budget, or when idle."""
     return False
@@ -48,12 +52,16 @@ class Budget:
         """Seconds left (never below 0; `math.inf` for a budget without a deadline)."""
         return max(0.0, self.deadline - time.monotonic())
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float, wake: Wake | None = None) -> None:
         """Sleep up to `seconds`, returning early when the budget ends and within
-        STOP_POLL_SECONDS of a stop: an idle worker must not hold up a deploy's SIGTERM."""
+        STOP_POLL_SECONDS of a stop: an idle worker must not hold up a deploy's SIGTERM. With
+        `wake`, the sleep is `wake`'s wait for something to do, and ends when it says so."""
         until = min(time.monotonic() + seconds, self.deadline)
         while not self.should_stop() and (left := until - time.monotonic()) > 0:
-            time.sleep(min(left, STOP_POLL_SECONDS))
+            if wake is None:
+                time.sleep(min(left, STOP_POLL_SECONDS))
+            elif wake(min(left, STOP_POLL_SECONDS)):
+                return
 
 
 def check_services(worker: str, checks: Sequence[Callable[[], object]]) -> None:
@@ -109,6 +117,7 @@ def run_until_spent(
     *,
     idle_seconds: float | Callable[[], float | None],
     retry: Retry | None = None,
+    wake: Wake | None = None,
 ) -> S:
     """Repeat `run_once` until `budget` is spent or a stop is asked; returns `total` with every
     run's summary merged into it as it goes (a caller that keeps `total` still has what was done
@@ -120,6 +129,8 @@ def run_until_spent(
     - A run that found nothing to do is followed by a wait of `idle_seconds`; a callable is
       asked after each such run, and its None ends the loop: a worker that runs until idle
       (the drain waits for a row about to fall due, and ends when none is).
+    - With `wake`, that wait ends as soon as `wake` says work arrived: `idle_seconds` is then
+      a backstop, the longest an idle worker goes without a run.
     - A run raising one of `retry.errors` is recorded (`retry.record`) and the next run starts
       after `retry.backoff_seconds`. Any other exception, or any at all without `retry`, ends
       the loop.
@@ -139,5 +150,5 @@ def run_until_spent(
         pause = idle_seconds() if callable(idle_seconds) else idle_seconds
         if pause is None:
             break
-        budget.wait(pause)
+        budget.wait(pause, wake)
     return total

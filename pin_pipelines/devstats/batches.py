@@ -113,6 +113,12 @@ class BatchBuffer:
         due = time.monotonic() - self.started >= self.seconds
         return bool(self.messages) and (full or due or not more_coming)
 
+    def due_in(self) -> float:
+        """Seconds until the batch in hand is due (0 when it is, or when nothing is in hand)."""
+        if not self.messages:
+            return 0.0
+        return max(0.0, self.started + self.seconds - time.monotonic())
+
     def take(self, replay: RangedReplay | None) -> Batch:
         batch = decode(self.messages, self.ends, replay)
         self.clear()

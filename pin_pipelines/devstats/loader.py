@@ -5,10 +5,11 @@ Loaders are members of one consumer group (subscribe): N of them at once (on a C
 PIN_DEVSTATS_MAX_LOAD_RUNS, and a run and its successor during a hand-over) split the partitions.
 A bounded cycle reads each partition it is assigned from the group's committed offset up to the
 high watermark seen when it was assigned, so it always ends (new events wait for the next cycle).
-A continuous load reads on (idle polls of 0.1 s) until its deadline or stop, then stores and
-commits the batch in hand. When a rebalance takes its partitions (another loader joins or leaves),
-the batch in hand is stored and its offsets committed before they are released: the next owner
-starts where this one stopped, and nothing is skipped or applied twice.
+A continuous load reads on (waiting for the first message of a batch up to IDLE_WAIT_SECONDS,
+handed over as it arrives) until its deadline or stop, then stores and commits the batch in
+hand. When a rebalance takes its partitions (another loader joins or leaves), the batch in hand
+is stored and its offsets committed before they are released: the next owner starts where this
+one stopped, and nothing is skipped or applied twice.
 
 Per batch (≤ 1000 events or 0.25 s since its first one): bad messages are set aside for the
 DLQ, duplicates of a group reduced to the highest Version, the stored versions of the batch's
@@ -67,7 +68,11 @@ from pin_pipelines.worker import Budget, check_services, never
 
 log = logging.getLogger("pin_pipelines.devstats")
 
-CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._consume
+CONSUME_TIMEOUT = 0.1  # seconds; see _Cycle._next_messages
+#: The longest one wait on Kafka of a continuous load with nothing in hand: librdkafka hands the
+#: first message over as it arrives, so a longer wait adds no latency; it is how soon a stop,
+#: the run's deadline and the group's membership are looked at meanwhile.
+IDLE_WAIT_SECONDS = 0.5
 #: Waiting for the group's assignment (join, or rejoin after a revocation or a lost session)
 #: longer than this ends a bounded cycle with one line, not a silent wait until max_seconds
 #: (coordinator unavailable); a continuous load joins again with a new consumer instead.
@@ -80,8 +85,8 @@ class LoadOptions:
     group: str = DEFAULT_GROUP
     dlq_topic: str = TOPIC_DEVSTATS_DLQ
     batch_size: int = 1000
-    #: A batch is stored at the latest this long after its first event arrived: with the 0.1 s
-    #: idle poll, an event is visible within about half a second under a light flow.
+    #: A batch is stored at the latest this long after its first event arrived: under a light
+    #: flow an event is visible this long plus its insert after it reached the loader.
     batch_seconds: float = 0.25
     #: Hard bound of one cycle, and the budget of a continuous load (`inf`: until stopped); what
     #: a cycle leaves shows as lag and `complete: false`.
@@ -369,21 +374,38 @@ class _Cycle:
         self.confirmed.summary.complete = self.group.assigned and not self.progress.pending
 
     def _poll_until_done(self) -> None:
-        """Asking `consume` for no more than is left makes it return as soon as that arrived,
-        not after its timeout. What is left can be overcounted (transaction markers take offsets
-        and are never handed out), so the timeout is short: a call that returns early loops."""
         while (self.progress.more_coming or not self.group.assigned) and not self.budget.stopping():
             if self.group.rejoined_when_overdue(continuous=self.continuous):
                 continue
-            left = self.buffer.room if self.continuous else self.progress.left()
-            wanted = max(1, min(self.buffer.room, left))
-            messages = self.consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT)
+            messages = self._next_messages()
             for msg in messages:
                 self._take(msg)
             if self.buffer.ready(more_coming=self.progress.more_coming):
                 self._send(self.buffer.take(self.replay))
             elif not (messages or self.buffer) and self.continuous:
                 self._caught_up()
+
+    def _next_messages(self) -> list[Message]:
+        """What librdkafka has for this load, waited for no longer than adds nothing.
+
+        `consume(n)` returns once n messages arrived, or at its timeout with fewer: asking for
+        no more than is wanted makes it return as soon as that arrived. A bounded cycle asks for
+        what it has left, which can be overcounted (transaction markers take offsets and are
+        never handed out), so its timeout is short: a call that returns early loops. A
+        continuous load with nothing in hand waits for the first message alone, up to
+        IDLE_WAIT_SECONDS, then takes whatever else is there already; with a batch in hand, it
+        waits until the batch is full or due (it had waited in 0.1 s steps, holding an event
+        that arrived meanwhile until the step's end)."""
+        consume = self.consumer.consume
+        if not self.continuous:
+            wanted = max(1, min(self.buffer.room, self.progress.left()))
+            return consume(num_messages=wanted, timeout=CONSUME_TIMEOUT)
+        if self.buffer:
+            return consume(num_messages=self.buffer.room, timeout=self.buffer.due_in())
+        first = consume(num_messages=1, timeout=min(IDLE_WAIT_SECONDS, self.budget.remaining()))
+        if not first or self.buffer.room == 1:
+            return first
+        return first + consume(num_messages=self.buffer.room - 1, timeout=0)
 
     def _take(self, msg: Message) -> None:
         """A consumed message into the batch in hand, an end-of-partition event into the

@@ -44,6 +44,7 @@ from pin_pipelines.errors import PinError, first_line
 from pin_pipelines.kafka import TOPIC_RELAY_COMMITS, TopicPolicy, check_broker, ensure_topics
 from pin_pipelines.logs import log_event
 from pin_pipelines.relay import receipts
+from pin_pipelines.relay.listener import OutboxListener
 from pin_pipelines.relay.metrics import backlog
 from pin_pipelines.relay.producer import MAX_MESSAGE_BYTES, Failure, Sender
 from pin_pipelines.relay.summary import RelaySummary
@@ -119,13 +120,19 @@ class OutboxRelay:
             [self._connection, lambda: check_broker(self.settings.kafka_bootstrap)],
         )
 
-    def run_once(self, should_stop: Callable[[], bool] = never) -> RelaySummary:
+    def run_once(
+        self, should_stop: Callable[[], bool] = never, *, ready: bool = False
+    ) -> RelaySummary:
         """Publish every event committed before this call; returns what was done. `should_stop`
-        is checked between batches: the batch in hand commits (or aborts) whole first."""
+        is checked between batches: the batch in hand commits (or aborts) whole first. `ready`:
+        take the relay lock and start the producer even when the outbox is empty (a continuous
+        relay), so the first event after a start or a hand-over does not wait for them."""
         started = time.monotonic()
-        summary = RelaySummary()
+        summary = RelaySummary(runs=1)
         try:
             conn = self._connection()
+            if ready:
+                self._sender_for(conn, summary)
             horizon = Q.outbox_horizon(conn)
             if horizon is not None:
                 self._relay_up_to(conn, horizon, summary, should_stop)
@@ -149,18 +156,17 @@ class OutboxRelay:
         return summary
 
     def run_until(
-        self,
-        should_stop: Callable[[], bool],
-        idle_seconds: float = 0.1,
-        total: RelaySummary | None = None,
+        self, should_stop: Callable[[], bool], total: RelaySummary | None = None
     ) -> RelaySummary:
         """Relay continuously until `should_stop` (`pin outbox relay` without --once, a Dagster
         relay run); returns the total, also accumulated into `total` as it goes.
 
-        An empty outbox is polled every `idle_seconds`. Errors are logged, counted in the total
-        (`failed_runs`; `last_error` until the next success) and retried after a second; the
-        broker or database coming back is enough for the relay to resume (with a new producer:
-        a failed run drops its own). A stop lets the batch in hand finish.
+        Between runs the relay waits for a commit that wrote the outbox (its notification, see
+        listener.py), and looks anyway after PIN_RELAY_BACKSTOP_SECONDS without one. Errors are
+        logged, counted in the total (`failed_runs`; `last_error` until the next success) and
+        retried after a second; the broker or database coming back is enough for the relay to
+        resume (with a new producer: a failed run drops its own). A stop lets the batch in hand
+        finish.
         """
         self.check_services()
         budget = Budget(should_stop=should_stop)
@@ -170,13 +176,16 @@ class OutboxRelay:
             log_event(log, "relay_failed", level=logging.ERROR, error=str(exc))
             into.failed(exc)
 
-        return run_until_spent(
-            lambda: self.run_once(budget.stopping),
-            budget,
-            into,
-            idle_seconds=idle_seconds,
-            retry=Retry((PinError,), failed, backoff_seconds=max(idle_seconds, 1.0)),
-        )
+        with OutboxListener(self.settings.pg_dsn) as listener:
+            listener.listen()  # before the first run looks: a commit after that look wakes it
+            return run_until_spent(
+                lambda: self.run_once(budget.stopping, ready=True),
+                budget,
+                into,
+                idle_seconds=self.settings.relay_backstop_seconds,
+                retry=Retry((PinError,), failed, backoff_seconds=1.0),
+                wake=listener.wait,
+            )
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:

@@ -29,6 +29,10 @@ class RelaySummary:
     #: Age of the oldest event left in the outbox at the end (0 when it is empty).
     lag_seconds: float = 0.0
     duration_seconds: float = 0.0
+    #: Runs that looked at the outbox (the failed ones are `failed_runs`): a continuous relay
+    #: runs when a commit's notification wakes it, after a batch, and at its backstop
+    #: (PIN_RELAY_BACKSTOP_SECONDS) when nothing woke it.
+    runs: int = 0
     #: A continuous relay's runs that failed (retried), and the error of the last one when no
     #: run succeeded after it: the relay ended while Kafka or PostgreSQL was failing.
     failed_runs: int = 0
@@ -53,6 +57,7 @@ class RelaySummary:
         the backlog and the last error are the later run's (a run that succeeded has none)."""
         self._add(later.published_by_topic, later.dead_lettered_by_topic)
         self.batches += later.batches
+        self.runs += later.runs
         self.recovered += later.recovered
         self.failed_runs += later.failed_runs
         self.pending, self.lag_seconds = later.pending, later.lag_seconds
@@ -69,7 +74,7 @@ class RelaySummary:
     @property
     def found_work(self) -> bool:
         """Published or dead-lettered anything: a continuous relay runs again at once, or else
-        polls the outbox after its idle wait."""
+        waits for a commit's notification (or its backstop)."""
         return bool(self.published or self.dead_lettered)
 
     def _add(self, published: Mapping[str, int], dead_lettered: Mapping[str, int]) -> None:

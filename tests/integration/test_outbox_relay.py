@@ -469,7 +469,7 @@ from pin_pipelines.relay import OutboxRelay
 budget = float(sys.argv[1])
 with OutboxRelay(Settings.from_env()) as relay:
     deadline = time.monotonic() + budget
-    summary = relay.run_until(lambda: time.monotonic() >= deadline, idle_seconds=0.05)
+    summary = relay.run_until(lambda: time.monotonic() >= deadline)
 print(summary.published, flush=True)
 """
 

@@ -123,11 +123,11 @@ def test_relay_job_that_fails_midway_still_materializes_what_it_published(
     insert(outbox, [(TOPIC_LAYOUT_GROUP, key, payload(TOPIC_LAYOUT_GROUP, key, 1))])
     real_run_once, calls = OutboxRelay.run_once, []
 
-    def run_once_then_fail(self: OutboxRelay, should_stop: Any) -> Any:
+    def run_once_then_fail(self: OutboxRelay, should_stop: Any, **options: Any) -> Any:
         calls.append(1)
         if len(calls) > 1:
             raise PinError("Kafka at 127.0.0.1:9092 timed out (simulated)")
-        return real_run_once(self, should_stop)
+        return real_run_once(self, should_stop, **options)
 
     monkeypatch.setattr(OutboxRelay, "run_once", run_once_then_fail)
     result = outbox_relay_job.execute_in_process(

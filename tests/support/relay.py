@@ -95,4 +95,4 @@ def assert_exactly_once_in_order(
 
 def relay_config(budget: float = 2.0) -> dict[str, Any]:
     """A short run: the relay is continuous, the job ends at its budget."""
-    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget, "poll_seconds": 0.1}}}}
+    return {"ops": {"relay_outbox": {"config": {"budget_seconds": budget}}}}

@@ -90,11 +90,13 @@ def test_a_batch_is_ready_when_full_due_or_nothing_more_is_coming() -> None:
     group = Group()
     buffer = BatchBuffer(size=2, seconds=0.05)
     assert not buffer.ready(more_coming=False)  # empty: never
+    assert buffer.due_in() == 0.0  # nothing in hand: a wait for it has no end but its own
     buffer.add(message(group, 1, offset=0), 0, 0)
     assert not buffer.ready(more_coming=True)
     assert buffer.ready(more_coming=False)
+    assert 0 < buffer.due_in() <= 0.05  # the loader's wait for more ends when it is due
     time.sleep(0.06)
-    assert buffer.ready(more_coming=True)  # due
+    assert buffer.ready(more_coming=True) and buffer.due_in() == 0.0  # due
     buffer.add(message(group, 2, offset=1), 0, 1)
     assert buffer.room == 0 and buffer.ready(more_coming=True)  # full
     batch = buffer.take(None)

@@ -44,6 +44,7 @@ def test_defaults_follow_the_state_folder_and_the_database() -> None:
     assert settings.kafka_min_insync_replicas is None
     assert settings.long_run_seconds == 600
     assert settings.code_server_port is None
+    assert settings.relay_backstop_seconds == 5.0
 
 
 def test_every_variable_is_read() -> None:
@@ -70,6 +71,7 @@ def test_every_variable_is_read() -> None:
         "PIN_DEVSTATS_MAX_LOAD_RUNS": "3",
         "PIN_LONG_RUN_SECONDS": "600",
         "PIN_CODE_SERVER_PORT": "3130",
+        "PIN_RELAY_BACKSTOP_SECONDS": "2.5",
     }
     s = Settings.from_env(env)
     assert (s.pg_dsn, s.kafka_bootstrap) == (env["PIN_PG_DSN"], "k1:9092,k2:9092")
@@ -89,6 +91,7 @@ def test_every_variable_is_read() -> None:
     assert s.devstats_max_load_runs == 3
     assert s.long_run_seconds == 600
     assert s.code_server_port == 3130
+    assert s.relay_backstop_seconds == 2.5
     assert s.pg == PgTarget("db.internal", 6432, "app", "catalogue")
     assert s.kafka_host_port == ("k1", 9092) and not s.kafka_is_local
 
@@ -113,6 +116,10 @@ def test_every_variable_is_read() -> None:
         ({"PIN_LONG_RUN_SECONDS": "5m"}, r"^PIN_LONG_RUN_SECONDS must be a whole number ≥ 1"),
         ({"PIN_CODE_SERVER_PORT": "grpc"}, r"^PIN_CODE_SERVER_PORT must be a port number"),
         ({"PIN_CODE_SERVER_PORT": "3000"}, r"^PIN_CODE_SERVER_PORT must differ from PIN_DAGSTER"),
+        # Above 60 the relay's session would idle into its 2-minute timeout between looks.
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "61"}, r"^PIN_RELAY_BACKSTOP_SECONDS must be a number"),
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "0"}, r"above 0 and at most 60, got '0'$"),
+        ({"PIN_RELAY_BACKSTOP_SECONDS": "5s"}, r"above 0 and at most 60, got '5s'$"),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line(env: dict[str, str], message: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pin_pipelines.errors import PinError
-from pin_pipelines.worker import Budget, Retry, check_services, run_until_spent
+from pin_pipelines.worker import STOP_POLL_SECONDS, Budget, Retry, check_services, run_until_spent
 
 #: Generous against a loaded CI machine, still far below the waits a broken stop would take.
 PROMPT = 0.2
@@ -103,6 +103,31 @@ def test_an_idle_run_waits_idle_seconds_and_the_loop_ends_with_the_budget() -> N
     # Run 1 found work, run 2 did not: 0.05 s, run 3: 0.05 s, run 4 (or not): the budget ends.
     assert 0.12 <= took < 0.12 + PROMPT
     assert 3 <= len(calls) <= 4
+
+
+def test_a_wake_ends_the_idle_wait_and_idle_seconds_is_then_only_the_backstop() -> None:
+    """Tried: a 30 s idle wait whose `wake` reports work on its third slice: the next run
+    starts then, not after 30 s; each slice asks at most STOP_POLL_SECONDS (a stop is still
+    seen within it); and a wake that never reports lets idle_seconds end the wait."""
+    run_once, calls = runs()
+    slices: list[float] = []
+
+    def wake(seconds: float) -> bool:
+        slices.append(seconds)
+        time.sleep(seconds)
+        return len(slices) == 3
+
+    budget = Budget(30, lambda: len(calls) == 2)
+    took = timed(lambda: run_until_spent(run_once, budget, Items(), idle_seconds=30, wake=wake))
+    assert took < PROMPT + 3 * STOP_POLL_SECONDS
+    assert len(calls) == 2 and len(slices) == 3
+    assert all(0 < s <= STOP_POLL_SECONDS for s in slices)
+
+    def never_woken(seconds: float) -> bool:
+        time.sleep(seconds)
+        return False
+
+    assert 0.12 <= timed(lambda: Budget().wait(0.12, never_woken)) < 0.12 + PROMPT
 
 
 def test_a_stop_ends_an_idle_wait_and_the_loop_at_once() -> None:

@@ -1,13 +1,13 @@
 """The relay job: one long-lived run publishes the outbox continuously, then hands over.
 
-A run relays for `budget_seconds`, polling an empty outbox every `poll_seconds`, so an event
-reaches Kafka within a fraction of a second of its commit instead of a sensor tick and a run
-launch later. The sensor launches the successor shortly before the run's budget ends;
-the successor waits for the relay lock (one publisher at a time, PostgreSQL advisory lock) and
-takes over when the run lets go of it: no gap beyond a producer's start, and no overlap that
-could reorder a key (the lock, and the transactional.id that fences a predecessor). A stop
-(run cancel, `pin serve` stopping, a stop signal to the run worker) lets the batch in hand
-commit.
+A run relays for `budget_seconds`, woken by the commit of every transaction that wrote the
+outbox (and at its backstop, PIN_RELAY_BACKSTOP_SECONDS), so an event reaches Kafka within a
+fraction of a second of its commit instead of a sensor tick and a run launch later. The sensor
+launches the successor shortly before the run's budget ends; the successor waits for the relay
+lock (one publisher at a time, PostgreSQL advisory lock) and takes over when the run lets go of
+it: no gap beyond a producer's start, and no overlap that could reorder a key (the lock, and the
+transactional.id that fences a predecessor). A stop (run cancel, `pin serve` stopping, a stop
+signal to the run worker) lets the batch in hand commit.
 """
 
 from collections.abc import Iterator
@@ -29,8 +29,6 @@ class RelayConfig(dg.Config):
     #: How long one run relays before its successor takes over (a run's event log stays small:
     #: a summary and an asset event per topic per run).
     budget_seconds: float = float(DEFAULT_LONG_RUN_SECONDS)
-    #: How often an empty outbox is looked at.
-    poll_seconds: float = 0.1
 
 
 @dg.op(tags={"kind": "kafka"}, out={})
@@ -47,7 +45,7 @@ def relay_outbox(
         # meanwhile: the successor, or a `pin outbox relay` started by hand, waits for it.
         with stopped_by_signal(context) as stop, OutboxRelay(settings) as relay:
             budget = Budget(config.budget_seconds, stop.requested)
-            relay.run_until(budget.stopping, idle_seconds=config.poll_seconds, total=total)
+            relay.run_until(budget.stopping, total=total)
     except Exception:
         yield from _report(context, settings, total)
         raise

@@ -1,4 +1,4 @@
--- depends: 0022_layout_group_follows_project
+-- depends: 0023_outbox_notify
 -- The seconds until the next queue row is ready, as a function: the scheduler's tick (the
 -- 5-second Dagster sensor) records its beat and reads this in ONE statement, one transaction of
 -- the catalogue database per tick instead of two (issue 48: 21.8 transactions a second at rest),

@@ -19,6 +19,11 @@ SELECT set_config('lock_timeout', :lock_timeout, false),
        set_config('idle_session_timeout', :idle_timeout, false),
        set_config('application_name', 'pin-outbox-relay', false);
 
+-- name: listen_outbox()!
+-- The relay's listening session (relay/listener.py): a notification at the commit of every
+-- transaction that wrote the outbox (the trigger outbox_events_notify, schema/outbox.sql).
+LISTEN chessboard_outbox_events;
+
 -- name: outbox_horizon()$
 -- The highest id visible at the start of a run: every event committed before the start has an id
 -- up to it. It only bounds the run (so it ends under a steady insert load); it is not a watermark.

@@ -60,6 +60,25 @@ CREATE TABLE chessboard.outbox_events (
     traceparent text
 );
 
+-- Wakes the relay at the commit of every transaction that wrote the outbox: the relay LISTENs on
+-- chessboard_outbox_events (queries/outbox.sql, listen_outbox) and polls only as a backstop.
+-- One notification per transaction, never one per row: NOTIFY takes a global lock at commit (a
+-- cluster-wide one, held until the commit is done, so the commits of notifying transactions
+-- queue behind each other), and PostgreSQL sends identical notifications of one transaction
+-- once. Statement-level with an empty payload: pg_notify runs once per INSERT statement (not
+-- per row of the drain's multi-row insert), and every call of one transaction is the same
+-- notification.
+CREATE FUNCTION chessboard.outbox_events_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('chessboard_outbox_events', '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER outbox_events_notify AFTER INSERT ON chessboard.outbox_events
+    FOR EACH STATEMENT EXECUTE FUNCTION chessboard.outbox_events_notify();
+
 -- The topics the relay may publish and the payload fields each requires (contract section 4).
 -- An outbox row for another topic or without these fields is dead-lettered, never published.
 CREATE TABLE chessboard.outbox_topics (
