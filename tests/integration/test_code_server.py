@@ -35,8 +35,8 @@ from tests.support.chessboard import make_all_due, make_building, make_object, m
 from tests.support.recalc import PIN, REPO_ROOT
 from tests.support.serve import (
     code_servers,
+    instance_env,
     kill_session,
-    serve_env,
     session_table,
     start_serve,
 )
@@ -177,14 +177,13 @@ def test_at_rest_nothing_is_started_and_the_daemon_and_the_webserver_share_one_c
     serve`, and both the daemon (the runs it launched went to that server's port) and the
     webserver (its location is that port) use it. PIN_LONG_RUN_SECONDS stays at its default.
     The window is placed between the schedules' ticks (their runs are not at rest)."""
-    home = tmp_path / "dagster_home"
-    env = serve_env(
+    env = instance_env(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap=kafka.settings.kafka_bootstrap,
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=home,
+        tmp_path=tmp_path,
     )
+    home = Path(env["DAGSTER_HOME"])
     log = tmp_path / "serve.log"
     with pin_serve(env, home, log, monkeypatch) as (serve, instance, client):
         wait_until(
@@ -257,14 +256,13 @@ def test_a_killed_code_server_is_replaced_and_runs_launch_again(
     Now the code server is started again, the drain sensor launches the project's drain run,
     and a run submitted through the webserver after the kill succeeds, within the bound (the
     seconds each took are printed)."""
-    home = tmp_path / "dagster_home"
-    env = serve_env(
+    env = instance_env(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap=kafka.settings.kafka_bootstrap,
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=home,
+        tmp_path=tmp_path,
     )
+    home = Path(env["DAGSTER_HOME"])
     log = tmp_path / "serve.log"
     with pin_serve(env, home, log, monkeypatch) as (serve, instance, client):
         run_through_webserver(client, instance, log, timeout=240)
@@ -315,12 +313,11 @@ def test_a_code_server_port_in_use_fails_the_start_in_one_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = serve_env(
+        env = instance_env(
             pg_dsn=pg_dsn,
             dagster_db=dagster_db,
             kafka_bootstrap="127.0.0.1:1",  # never reached: nothing starts
-            clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-            home=tmp_path / "dagster_home",
+            tmp_path=tmp_path,
             PIN_CODE_SERVER_PORT=str(port),
         )
         log = tmp_path / "serve.log"
@@ -352,12 +349,11 @@ def test_a_code_server_that_keeps_dying_stops_pin_serve_in_one_line(
     non-zero, with one line that says so, and leaves nothing running; it does not loop (on the
     code before the change nothing of `pin serve` restarted code servers, and it had not ended
     after the bound)."""
-    env = serve_env(
+    env = instance_env(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap="127.0.0.1:1",  # the sensors' runs may fail: only the code server counts
-        clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
-        home=tmp_path / "dagster_home",
+        tmp_path=tmp_path,
     )
     log = tmp_path / "serve.log"
     serve = start_serve(env, log)

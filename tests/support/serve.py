@@ -46,17 +46,27 @@ def serve_env(
     }
 
 
-def migrated_instance(
-    *, pg_dsn: str, dagster_db: str, kafka_bootstrap: str, tmp_path: Path
+def instance_env(
+    *, pg_dsn: str, dagster_db: str, kafka_bootstrap: str, tmp_path: Path, **settings: str
 ) -> dict[str, str]:
-    """`serve_env` of an instance under `tmp_path` (its Dagster home, and an embedded dimension of
-    its own: chdb admits one process per folder), migrated by `pin db migrate`."""
-    env = serve_env(
+    """`serve_env` of an instance under `tmp_path`: its Dagster home, and an embedded dimension
+    of its own (chdb admits one process per folder)."""
+    return serve_env(
         pg_dsn=pg_dsn,
         dagster_db=dagster_db,
         kafka_bootstrap=kafka_bootstrap,
         clickhouse_url=f"chdb://{tmp_path / 'chdb'}",
         home=tmp_path / "dagster_home",
+        **settings,
+    )
+
+
+def migrated_instance(
+    *, pg_dsn: str, dagster_db: str, kafka_bootstrap: str, tmp_path: Path
+) -> dict[str, str]:
+    """`instance_env`, migrated by `pin db migrate`."""
+    env = instance_env(
+        pg_dsn=pg_dsn, dagster_db=dagster_db, kafka_bootstrap=kafka_bootstrap, tmp_path=tmp_path
     )
     subprocess.run([PIN, "db", "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
     return env
