@@ -1,8 +1,9 @@
 """A previous release of pin-pipelines, installed beside this one for the upgrade tests.
 
-The previous release is the commit before the one that added the newest migration, found in the
-clone's own history (a CI clone has all of it). Its tree is exported with `git archive` (the
-repository's worktrees and branches are left alone) and installed into a venv of its own in
+The previous release is the newest commit whose migrations are a proper prefix of this tree's
+(`previous_release`), found in the clone's own history (a CI clone has all of it). Its tree is
+exported with `git archive` (the repository's worktrees and branches are left alone) and
+installed into a venv of its own in
 the pip-free way `pip install --no-deps -e .` ends up with, in well under a second and with no
 network: a .pth file puts its tree first on the path and this venv's site-packages (the
 dependencies, one set for both releases) after it, and each console script of this venv is
@@ -57,11 +58,31 @@ def newest_migration() -> Path:
     return max((REPO_ROOT / MIGRATIONS).glob("*.sql")).relative_to(REPO_ROOT)
 
 
+def _migrations(commit: str | None = None) -> list[str]:
+    """The PostgreSQL migrations (names without .sql) of `commit`, or of this tree, in order."""
+    if commit is None:
+        return sorted(p.stem for p in (REPO_ROOT / MIGRATIONS).glob("*.sql"))
+    listed = _git("ls-tree", "--name-only", commit, f"{MIGRATIONS}/").splitlines()
+    return sorted(Path(name).stem for name in listed if name.endswith(".sql"))
+
+
 def previous_release() -> str:
-    """The commit before the one that added the newest migration."""
-    added = _git("log", "--format=%H", "-n1", "--", str(newest_migration()))
-    assert added, f"{newest_migration()} has no commit in this clone's history"
-    return _git("rev-parse", f"{added}^")
+    """The newest commit of the first-parent history whose migrations are a proper prefix of
+    this tree's: the release before this one, as far as its schema goes. Not simply the commit
+    before the newest migration: between two releases migrations may be merged from several
+    branches, renumbered and chained again, leaving commits with a schema no release had (one
+    with 0024 and without 0023, say)."""
+    current = _migrations()
+    for commit in _git("rev-list", "--first-parent", "HEAD").splitlines():
+        found = _migrations(commit)
+        if len(found) < len(current) and found == current[: len(found)]:
+            return commit
+    raise AssertionError("no commit of this clone's history has a schema before this tree's")
+
+
+def unreleased_migrations() -> list[str]:
+    """The migrations this tree adds to the previous release's, in order."""
+    return _migrations()[len(_migrations(previous_release())) :]
 
 
 def install_release(commit: str, folder: Path) -> Release:
