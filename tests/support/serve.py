@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -125,12 +126,22 @@ def session_pids(sid: int) -> list[int]:
     return [int(line.split(":", 1)[0]) for line in session_processes(sid)]
 
 
+#: How long kill_session goes on killing what the session starts meanwhile.
+KILL_SESSION_SECONDS = 10.0
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL to every process of the session (`pin serve` runs the Dagster processes in a
-    process group of their own, so a group's kill does not reach them)."""
-    for pid in session_pids(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    process group of their own, so a group's kill does not reach them), again until none is
+    left: a process forked while the others were killed (a run worker its code server was
+    starting) is in the session too, and once its parents are gone nothing else would end it
+    (one outlived test_handover so)."""
+    deadline = time.monotonic() + KILL_SESSION_SECONDS
+    while (pids := session_pids(sid)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def submit_run(client: DagsterGraphQLClient, job: str) -> bool:
