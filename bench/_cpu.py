@@ -69,6 +69,21 @@ def proc_cmdline(pid: int) -> str:
         return ""
 
 
+def proc_children(pid: int) -> list[int]:
+    """The children of `pid`, from every one of its threads' /proc children lists (none when it
+    is gone)."""
+    found: list[int] = []
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            try:
+                found += map(int, Path(task.path, "children").read_text().split())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return found
+
+
 def postmaster_pid(backend_pid: int) -> int | None:
     """The PostgreSQL server's main process, from one backend's pid; None when the server is not
     on this machine (then only the benchmark's own processes are measured)."""
@@ -198,14 +213,9 @@ class CpuMeter:
     def _scan_children(self) -> None:
         """This process's own children, at every sample: a short-lived worker or `pin` command
         is seen even when it ends before the next scan of every process."""
-        for task in os.scandir("/proc/self/task"):
-            try:
-                children = Path(task.path, "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if self._unexamined(child):
-                    self._track(child, self._child_kind(os.getpid(), child), start=False)
+        for child in proc_children(os.getpid()):
+            if self._unexamined(child):
+                self._track(child, self._child_kind(os.getpid(), child), start=False)
 
     def _child_kind(self, parent: int, child: int) -> str:
         """What Dagster starts is Dagster's, whatever its command line (its code server runs
@@ -217,11 +227,7 @@ class CpuMeter:
     def _scan_backends(self, start: bool) -> None:
         if self._server_pid is None:
             return
-        path = Path(f"/proc/{self._server_pid}/task/{self._server_pid}/children")
-        try:
-            children = [int(p) for p in path.read_text().split()]
-        except OSError:
-            return
+        children = proc_children(self._server_pid)
         self._ignored &= set(children)
         for pid in children:
             if pid in self._live or pid in self._ignored:

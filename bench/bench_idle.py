@@ -59,7 +59,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BASE_DSN, fresh_database, load_average, log
-from _cpu import postmaster_pid, proc_cmdline, proc_stat
+from _cpu import postmaster_pid, proc_children, proc_cmdline, proc_stat
 from scale.databases import drop_database
 from scale.services import Private
 
@@ -192,7 +192,7 @@ class RoleSampler:
                 if p.role.startswith("run worker"):
                     p.cpu_series.append((now, p.cpu))
             for parent in [p for p in self._live.values() if p.database is None]:
-                for child in _children(parent.pid):
+                for child in proc_children(parent.pid):
                     if child not in self._live:
                         self._examine(child, parent)
             self._scan_backends()
@@ -212,7 +212,7 @@ class RoleSampler:
     def _scan_backends(self) -> None:
         if self._server_pid is None:
             return
-        children = _children(self._server_pid)
+        children = proc_children(self._server_pid)
         self._ignored &= set(children)
         for pid in children:
             if pid in self._live or pid in self._ignored:
@@ -239,19 +239,6 @@ class RoleSampler:
                 rss = _rss_kib(p.pid)
                 if rss is not None:
                     p.rss_kib[index] = rss
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in os.scandir(f"/proc/{pid}/task"):
-            try:
-                found += map(int, Path(task.path, "children").read_text().split())
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return found
 
 
 def _rss_kib(pid: int) -> int | None:
