@@ -106,6 +106,11 @@ class KafkaNode:
         return self.home / "server.log"
 
     @property
+    def output(self) -> Path:
+        """The JVM's own stdout and stderr, appended across starts."""
+        return self.home / "stdout.log"
+
+    @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
@@ -139,7 +144,7 @@ class KafkaNode:
                 str(properties),
             ],
             pidfile=self.pidfile,
-            logfile=self.home / "stdout.log",
+            logfile=self.output,
         )
         return pid, True
 
@@ -232,6 +237,7 @@ class LocalKafka:
             what="Kafka",
             logfile=self.logfile,
             pid=pid,
+            output=self.node.output,
         )
         return {
             "service": "kafka",

@@ -107,6 +107,7 @@ class LocalKafkaCluster:
                 what=f"Kafka node {node.node_id}",
                 logfile=node.logfile,
                 pid=launched[node.node_id][0],
+                output=node.output,
             )
         wait_until(
             lambda: self.registered() >= self.brokers,

@@ -103,14 +103,19 @@ def wait_until(
     what: str,
     logfile: Path | None = None,
     pid: int | None = None,
+    output: Path | None = None,
 ) -> float:
-    """Poll `check` until true; returns the seconds it took, or raises with the log's tail."""
+    """Poll `check` until true; returns the seconds it took, or raises with the log's tail.
+
+    `output` is where process `pid` writes its stdout and stderr: when it exits during start-up,
+    its last words are there (a JVM's, or a child's that died before its exec), while `logfile`
+    may still end with the previous run's lines."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if check():
             return time.monotonic() - start
         if pid is not None and not pid_alive(pid):
-            raise PinError(f"{what} exited during start-up{_log_tail(logfile)}")
+            raise PinError(f"{what} exited during start-up{_log_tail(output)}{_log_tail(logfile)}")
         time.sleep(0.2)
     raise PinError(f"{what} did not answer within {timeout:.0f}s{_log_tail(logfile)}")
 

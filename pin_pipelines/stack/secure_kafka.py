@@ -150,7 +150,12 @@ class SecureKafka:
         )
         (node.home / "server.properties").chmod(0o600)  # the keystore and PLAIN passwords
         wait_until(
-            self._answers, timeout=90, what="the secured Kafka", logfile=node.logfile, pid=pid
+            self._answers,
+            timeout=90,
+            what="the secured Kafka",
+            logfile=node.logfile,
+            pid=pid,
+            output=node.output,
         )
         return {
             **self.status(),
