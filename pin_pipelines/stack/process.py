@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -120,11 +121,18 @@ def wait_until(
     raise PinError(f"{what} did not answer within {timeout:.0f}s{_log_tail(logfile)}")
 
 
+#: A stack trace's frame line: ClickHouse's "12. /lib/…(…) [0x…]", Java's "at …". A server that
+#: dies at its start ends its log with a trace: its message is the line before the frames.
+STACK_FRAME = re.compile(r"^\s*(\d+\. |at |\.\.\. \d+ more)")
+
+
 def _log_tail(logfile: Path | None, lines: int = 5) -> str:
+    """The log's last `lines` lines that are not stack frames, or "" without a log."""
     if logfile is None or not logfile.exists():
         return ""
-    tail = logfile.read_text(errors="replace").strip().splitlines()[-lines:]
-    return f"; see {logfile}: " + " | ".join(line.strip() for line in tail)
+    text = logfile.read_text(errors="replace").strip().splitlines()
+    tail = [line.strip() for line in text if line.strip() and not STACK_FRAME.match(line)]
+    return f"; see {logfile}: " + " | ".join(tail[-lines:])
 
 
 def apt_install(packages: Sequence[str]) -> None:

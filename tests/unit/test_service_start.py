@@ -16,9 +16,13 @@ def test_a_service_that_exits_while_starting_is_reported_with_its_own_last_words
     tmp_path: Path,
 ) -> None:
     """Tried: a process that prints a line and exits 3 at once, its service log holding an
-    earlier run's last line. The one-line error names it, quotes its output, then the log."""
+    earlier run's last line and then a ClickHouse-style stack trace. The one-line error names
+    it, quotes its output, then the log's last line that is not a stack frame."""
     log = tmp_path / "server.log"
-    log.write_text("an earlier run's last line\n")
+    log.write_text(
+        "an earlier run's last line\n"
+        + "".join(f"{n}. /lib/libclickhouse.so(+0x{n:x}) [0x7f{n:x}]\n" for n in range(12))
+    )
     output = tmp_path / "stdout.log"
     pid = start_detached(
         ["sh", "-c", "echo 'fatal: cannot start'; exit 3"],
@@ -32,4 +36,5 @@ def test_a_service_that_exits_while_starting_is_reported_with_its_own_last_words
     message = str(failed.value)
     assert message.startswith("The service exited during start-up; see "), message
     assert message.index("fatal: cannot start") < message.index("an earlier run's last line")
+    assert "libclickhouse" not in message
     assert "\n" not in message
