@@ -28,19 +28,20 @@ def running_schedule(
 
 
 def check_schedule(
-    check: dg.AssetChecksDefinition,
-    *,
+    *checks: dg.AssetChecksDefinition,
     job_name: str,
     cron: str,
     description: str,
     name: str | None = None,
 ) -> dg.ScheduleDefinition:
-    """A running_schedule of a job `job_name` that evaluates `check` alone: a check that must
-    also run when no materialization does (Definitions picks the job up from the schedule)."""
+    """A running_schedule of a job `job_name` that evaluates `checks` alone, in one run: checks
+    that must also run when no materialization does (Definitions picks the job up from the
+    schedule). Checks of one cadence share a run: each run starts a worker process and its
+    compute-log helpers, at rest too."""
     return running_schedule(
         name=name,
         job=dg.define_asset_job(
-            job_name, selection=dg.AssetSelection.checks(check), description=description
+            job_name, selection=dg.AssetSelection.checks(*checks), description=description
         ),
         cron=cron,
         description=description,

@@ -167,11 +167,14 @@ def test_freshness_check_fails_when_an_event_waited_longer_than_the_sla(
     offsets = end_offsets(kafka_bootstrap, contract_topic) | {partition: offset}
     commit_group(kafka_bootstrap, contract_topic, DEFAULT_GROUP, offsets)
 
-    # The check on its own, as its every-minute schedule runs it (also while loads fail or stop).
+    # The check without a load, as its 5-minute schedule runs it (also while loads fail or
+    # stop), in one run with Dagster's freshness check of the asset (test_dimension_freshness).
     schedule = defs.resolve_schedule_def("dim_layout_group_fresh_schedule")
     assert schedule.job_name == "dim_layout_group_fresh_check_job"
     only_check = defs.resolve_job_def(schedule.job_name).execute_in_process(instance=instance)
-    [check] = only_check.get_asset_check_evaluations()
+    evaluations = {e.check_name: e for e in only_check.get_asset_check_evaluations()}
+    assert set(evaluations) == {"dim_layout_group_fresh", "freshness_check"}
+    check = evaluations["dim_layout_group_fresh"]
     assert not check.passed
     facts = metadata_of(check)
     assert facts["unloaded_events"] >= 1

@@ -11,7 +11,6 @@ from pin_pipelines.defs.devstats.checks import (
 )
 from pin_pipelines.defs.devstats.freshness import (
     dim_layout_group_freshness_check,
-    dim_layout_group_freshness_schedule,
     dim_layout_group_last_update_sensor,
 )
 from pin_pipelines.defs.devstats.jobs import dim_layout_group_backfill_job, dim_layout_group_job
@@ -32,6 +31,5 @@ defs = dg.Definitions(
     schedules=[
         dim_layout_group_fresh_schedule,
         dim_layout_group_versions_schedule,
-        dim_layout_group_freshness_schedule,
     ],
 )

@@ -5,6 +5,7 @@ import dagster as dg
 
 from pin_pipelines.clickhouse import open_clickhouse
 from pin_pipelines.defs.devstats.assets import dim_layout_group
+from pin_pipelines.defs.devstats.freshness import dim_layout_group_freshness_check
 from pin_pipelines.defs.metadata import id_list
 from pin_pipelines.defs.pools import CLICKHOUSE_POOL
 from pin_pipelines.defs.resources import PinSettings
@@ -36,13 +37,18 @@ def dim_layout_group_fresh(pin: PinSettings) -> dg.AssetCheckResult:
 #: The check also runs on its own, every 5 minutes (the SLA): as a step of the load run it is
 #: skipped whenever the load fails (ClickHouse down) and never runs when no load is launched,
 #: which are exactly the times the SLA is at risk. Not every minute: a run per minute per check
-#: was a quarter of the instance's storage (bench/bench_dagster_storage.py).
+#: was a quarter of the instance's storage (bench/bench_dagster_storage.py). Dagster's own
+#: freshness check of the asset (freshness.py) has the same SLA and cadence, so it shares the run.
 dim_layout_group_fresh_schedule = check_schedule(
     dim_layout_group_fresh,
+    dim_layout_group_freshness_check,
     job_name="dim_layout_group_fresh_check_job",
     name="dim_layout_group_fresh_schedule",
     cron="*/5 * * * *",
-    description="Evaluates the freshness SLA every 5 minutes, also while loads fail or stop.",
+    description=(
+        "Evaluates the freshness SLA every 5 minutes, also while loads fail or stop: from the "
+        "topic (dim_layout_group_fresh) and as Dagster's freshness of the asset (freshness_check)."
+    ),
 )
 
 

@@ -22,7 +22,6 @@ import dagster as dg
 
 from pin_pipelines.defs.devstats.assets import dim_layout_group
 from pin_pipelines.defs.resources import PinSettings
-from pin_pipelines.defs.schedules import check_schedule
 from pin_pipelines.defs.stopping import STOPPING_REASON, instance_stopping
 from pin_pipelines.devstats.loading import FRESHNESS_SLA_SECONDS, ConsumerLag, unloaded_events
 from pin_pipelines.errors import PinError
@@ -33,9 +32,11 @@ LAST_UPDATED = "dagster/last_updated_timestamp"
 #: dimension's last observation is never past it; each is an event row of the instance's storage.
 OBSERVE_SECONDS = 120
 
-# Dagster 1.13 calls this superseded by FreshnessPolicy, which reads materializations only: the
-# long-lived load runs' are no measure of the SLA (module docstring). Said once here, not as a
-# warning at every load of the code location.
+# Evaluated every 5 minutes in the run of the project's own freshness check (checks.py), by a
+# project schedule (it launches nothing while `pin serve` stops), not by Dagster's sensor for
+# freshness checks, which would. Dagster 1.13 calls this superseded by FreshnessPolicy, which
+# reads materializations only: the long-lived load runs' are no measure of the SLA (module
+# docstring). Said once here, not as a warning at every load of the code location.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.SupersessionWarning)
     [dim_layout_group_freshness_check] = dg.build_last_update_freshness_checks(
@@ -43,16 +44,6 @@ with warnings.catch_warnings():
         lower_bound_delta=timedelta(seconds=FRESHNESS_SLA_SECONDS),
         severity=dg.AssetCheckSeverity.ERROR,
     )
-
-#: The check evaluated every 5 minutes, a project schedule (it launches nothing while `pin serve`
-#: stops), not Dagster's sensor for freshness checks, which would.
-dim_layout_group_freshness_schedule = check_schedule(
-    dim_layout_group_freshness_check,
-    job_name="dim_layout_group_freshness_check_job",
-    name="dim_layout_group_freshness_schedule",
-    cron="*/5 * * * *",
-    description="Evaluates Dagster's freshness check of dim_layout_group (the 5-minute SLA).",
-)
 
 
 def last_update(lag: ConsumerLag, now: float) -> dg.AssetObservation:
