@@ -14,6 +14,7 @@ not run: `import pin_pipelines` there can only find the previous release's.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -66,12 +67,14 @@ def _migrations(commit: str | None = None) -> list[str]:
     return sorted(Path(name).stem for name in listed if name.endswith(".sql"))
 
 
+@functools.cache
 def previous_release() -> str:
     """The newest commit of the first-parent history whose migrations are a proper prefix of
     this tree's: the release before this one, as far as its schema goes. Not simply the commit
     before the newest migration: between two releases migrations may be merged from several
     branches, renumbered and chained again, leaving commits with a schema no release had (one
-    with 0024 and without 0023, say)."""
+    with 0024 and without 0023, say). Cached: the walk runs git once per commit it tries, and
+    the upgrade test asks both for the release and for the migrations it lacks."""
     current = _migrations()
     for commit in _git("rev-list", "--first-parent", "HEAD").splitlines():
         found = _migrations(commit)
