@@ -58,6 +58,9 @@ from tests.support.outbox import TOPICS, backlog, outbox_count
 from tests.support.recalc import REPO_ROOT as ROOT
 from tests.support.relay import assert_exactly_once_in_order
 
+#: On one worker with test_kafka_partitions.py: the session's private cluster starts once for both.
+pytestmark = pytest.mark.xdist_group("kafka-cluster")
+
 
 @pytest.fixture
 def settings(cluster: LocalKafkaCluster, pg_dsn: str, tmp_path: os.PathLike[str]) -> Settings:
