@@ -28,6 +28,7 @@ from pin_pipelines.devstats.offsets import (
 )
 from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP, admin, client_config
 from pin_pipelines.relay import topic_end_offsets
+from tests.support.contracts import assert_in_contract
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -79,7 +80,10 @@ def produce(
 
 
 def produce_events(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
-    """Keyed by Id like the relay does, so one group's events share a partition, in order."""
+    """Keyed by Id like the relay does, so one group's events share a partition, in order. They
+    are good events: each keeps the topic's contract (a bad one is produced with `produce`)."""
+    for event in events:
+        assert_in_contract(TOPIC_LAYOUT_GROUP, event)
     produce(bootstrap, topic, [(e["Id"].encode(), json.dumps(e).encode()) for e in events])
 
 

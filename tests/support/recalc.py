@@ -18,6 +18,7 @@ import psycopg.sql
 
 from pin_pipelines.recalc.drain import TickSummary, drain_tick
 from tests.support.chessboard import make_all_due
+from tests.support.contracts import assert_in_contract
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIN = str(Path(sys.executable).with_name("pin"))
@@ -50,10 +51,14 @@ def clear_queue(conn: psycopg.Connection) -> None:
 
 
 def outbox(conn: psycopg.Connection, key: UUID | None = None) -> list[tuple[str, str, dict]]:
-    """(topic, message_key, payload) in commit order, optionally only one entity's events."""
+    """(topic, message_key, payload) in commit order, optionally only one entity's events; each
+    payload keeps its topic's contract (checked here: every test of the drain checks the SQL
+    that builds them)."""
     rows = conn.execute(
         "SELECT topic, message_key, payload FROM chessboard.outbox_events ORDER BY id"
     ).fetchall()
+    for topic, _, payload in rows:
+        assert_in_contract(topic, payload)
     return [(t, k, p) for t, k, p in rows if key is None or k == str(key)]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pin_pipelines.relay import topic_end_offsets as end_offsets
+from tests.support.contracts import assert_in_contract
 
 Offsets = dict[str, dict[int, int]]
 
@@ -66,6 +67,7 @@ def consume_messages(
                         remaining.pop(tp, None)
                     continue
                 if bytes(msg.key() or b"").decode() in keys:
+                    assert_in_contract(tp[0], bytes(msg.value() or b""))
                     found.append(msg)
     finally:
         consumer.close()

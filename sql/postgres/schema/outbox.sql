@@ -79,8 +79,10 @@ $$;
 CREATE TRIGGER outbox_events_notify AFTER INSERT ON chessboard.outbox_events
     FOR EACH STATEMENT EXECUTE FUNCTION chessboard.outbox_events_notify();
 
--- The topics the relay may publish and the payload fields each requires (contract section 4).
--- An outbox row for another topic or without these fields is dead-lettered, never published.
+-- The topics the relay may publish and the payload fields each requires (contract section 4):
+-- each topic's contract, pin_pipelines/contracts/<topic>.schema.json, its `required` (kept equal
+-- by tests/integration/test_event_contracts.py). An outbox row for another topic or without
+-- these fields is dead-lettered, never published.
 CREATE TABLE chessboard.outbox_topics (
     topic text PRIMARY KEY,
     required_fields text[] NOT NULL
