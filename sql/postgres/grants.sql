@@ -35,9 +35,14 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA chessboard TO pin_worker;
 GRANT EXECUTE ON ALL ROUTINES IN SCHEMA chessboard TO pin_worker;
 
 -- pin_reader: `pin metrics serve` (sql/postgres/queries/metrics.sql, outbox.sql's backlog and
--- topic_stats). SELECT only, and the two read-only functions its queries call (the poison view
--- and the counters view's fold of the outcome rows).
+-- topic_stats). SELECT only, and the read-only functions its queries call: the queue row's
+-- states the gauges count (an inlined function is still checked for EXECUTE) and the counters
+-- view's fold of the outcome rows.
 GRANT USAGE ON SCHEMA chessboard TO pin_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA chessboard TO pin_reader;
-GRANT EXECUTE ON FUNCTION chessboard.poisoned_recalc_requests(),
+-- Granted before migration 0025, when the gauges read the poison view.
+REVOKE EXECUTE ON FUNCTION chessboard.poisoned_recalc_requests() FROM pin_reader;
+GRANT EXECUTE ON FUNCTION
+    chessboard.recalc_request_poisoned(chessboard.project_recalc_requests, chessboard.recalc_settings),
+    chessboard.recalc_request_due(chessboard.project_recalc_requests, chessboard.recalc_settings),
     chessboard.recalc_outcome_counters(chessboard.recalc_outcomes[]) TO pin_reader;

@@ -11,12 +11,11 @@
 -- rather than stay on until a person requeues them.
 SELECT count(r.project_id) AS depth,
        count(r.project_id) FILTER (WHERE r.due_at < now()) AS due_backlog,
-       count(r.project_id) FILTER (
-           WHERE r.due_at < now() AND r.attempt_count < s.poison_attempts)
+       count(r.project_id) FILTER (WHERE chessboard.recalc_request_due(r, s))
            AS due_backlog_unpoisoned,
-       (SELECT count(*) FROM chessboard.poisoned_recalc_requests()) AS poisoned,
+       count(r.project_id) FILTER (WHERE chessboard.recalc_request_poisoned(r, s)) AS poisoned,
        coalesce(extract(epoch FROM now() - min(r.due_at) FILTER (
-           WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts)), 0)::float8
+           WHERE chessboard.recalc_request_due(r, s))), 0)::float8
            AS oldest_due_age_seconds
 FROM chessboard.recalc_settings s
 LEFT JOIN chessboard.project_recalc_requests r ON true;

@@ -17,9 +17,8 @@
 -- that references another project's building/layout/group can never leave that project's
 -- aggregates stale (that project is not queued by the edit, and its values do not depend on it).
 
--- "Ready" below means: due, not poisoned, and no attempt started within retry_interval. The
--- interval runs from attempted_at, which only a claim writes: edits that keep arriving push
--- due_at (up to the starvation cap) and updated_at, but never postpone the retry of a failure.
+-- A queue row's states (poisoned, due, ready, ready_at) are functions of the row in
+-- schema/queue.sql, used here by name.
 
 -- name: count_due_requests()$
 -- Due rows at the start of a tick (logged by recalc_batch_started): the due backlog without
@@ -27,7 +26,7 @@
 -- a retry or runs in another drain shows.
 SELECT count(*)
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts;
+WHERE chessboard.recalc_request_due(r, s);
 
 -- name: tick_settings()^
 -- Projects per tick when the caller does not say, and the failed runs that make a row poison (no

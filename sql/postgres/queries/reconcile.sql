@@ -99,7 +99,7 @@ SELECT (SELECT count(*) FROM checked_projects) AS project,
 -- name: queue_state(project_ids)
 -- Queue rows of drifted projects: a drifted project that is already queued heals on the next
 -- drain (a recent edit inside its debounce window); one that is poisoned will not by itself.
-SELECT r.project_id, r.attempt_count >= s.poison_attempts AS poisoned
+SELECT r.project_id, chessboard.recalc_request_poisoned(r, s) AS poisoned
 FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
 WHERE r.project_id = ANY(:project_ids::uuid[]);
 

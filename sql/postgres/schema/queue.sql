@@ -64,26 +64,68 @@ LANGUAGE sql AS $$
         updated_at = now();
 $$;
 
--- Rows parked for triage. attempt_count reaches poison_attempts only when an attempt's failure
--- is recorded (or an abandoned claim settled), never while an attempt runs, so no row lock is
--- needed to leave a last attempt in flight out: a reader such as the exporter needs SELECT only.
+-- A queue row's states, each written once here and used wherever the queue is read: the claim
+-- (recalc.sql), the next-due wait below, the poison view, the tick's count and the exporter's
+-- gauges (queries/), the reconciliation's queue state. Scalar sql functions of the row: the
+-- planner inlines them into the calling query, so `r.due_at <= now()` stays an index condition
+-- of the claim (tests/integration/test_recalc_request_states.py).
+--
+-- Poisoned: parked for triage. attempt_count reaches poison_attempts only when an attempt's
+-- failure is recorded (or an abandoned claim settled), never while an attempt runs, so no row
+-- lock is needed to leave a last attempt in flight out: a reader such as the exporter needs
+-- SELECT only.
+CREATE FUNCTION chessboard.recalc_request_poisoned(
+    r chessboard.project_recalc_requests, s chessboard.recalc_settings
+) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT r.attempt_count >= s.poison_attempts;
+$$;
+
+-- Due: its time has come and it is not poisoned. The backlogs count these, a row waiting for
+-- its retry or in a drain's hands included.
+CREATE FUNCTION chessboard.recalc_request_due(
+    r chessboard.project_recalc_requests, s chessboard.recalc_settings
+) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT r.due_at <= now() AND NOT chessboard.recalc_request_poisoned(r, s);
+$$;
+
+-- When it can next be claimed, a claim in progress aside: when it is due, and no sooner than
+-- retry_interval after its last attempt started (the retry clock, which only a claim writes, so
+-- edits that keep arriving never postpone a retry). greatest() skips the NULL of a row never
+-- attempted.
+CREATE FUNCTION chessboard.recalc_request_ready_at(
+    r chessboard.project_recalc_requests, s chessboard.recalc_settings
+) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(r.due_at, r.attempted_at + s.retry_interval);
+$$;
+
+-- Ready: what a claim takes. Due, no attempt in progress, its retry time come.
+CREATE FUNCTION chessboard.recalc_request_ready(
+    r chessboard.project_recalc_requests, s chessboard.recalc_settings
+) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT chessboard.recalc_request_due(r, s) AND r.claimed_at IS NULL
+       AND chessboard.recalc_request_ready_at(r, s) <= now();
+$$;
+
+-- Rows parked for triage.
 CREATE FUNCTION chessboard.poisoned_recalc_requests()
 RETURNS SETOF chessboard.project_recalc_requests
 LANGUAGE sql STABLE AS $$
     SELECT r.*
-    FROM chessboard.project_recalc_requests r
-    WHERE r.attempt_count >= (SELECT poison_attempts FROM chessboard.recalc_settings);
+    FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
+    WHERE chessboard.recalc_request_poisoned(r, s);
 $$;
 
 -- The seconds until the next row is ready (<= 0: now; NULL: nothing but poison is queued): read
 -- by the scheduler's tick with its beat in one statement, and by the drain's wait for a row.
 CREATE FUNCTION chessboard.recalc_next_due_in_seconds() RETURNS float8
 LANGUAGE sql STABLE AS $$
-    -- greatest() skips the NULL of a row never attempted.
-    SELECT extract(epoch FROM min(greatest(r.due_at, r.attempted_at + s.retry_interval))
-                   - now())::float8
+    SELECT extract(epoch FROM min(chessboard.recalc_request_ready_at(r, s)) - now())::float8
     FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-    WHERE r.attempt_count < s.poison_attempts;
+    WHERE NOT chessboard.recalc_request_poisoned(r, s);
 $$;
 
 -- ---------------------------------------------------------------------------------------------

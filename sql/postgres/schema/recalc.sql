@@ -23,11 +23,11 @@
 -- The functions are plpgsql, not sql: a sql function that is not inlined parses and plans its
 -- body at every call, a plpgsql one plans each statement once per session.
 
--- One ready row, oldest due_at first, SKIP LOCKED (a row another drain works on, or a raiser
--- waits for, is passed over: N drains share the queue and never work on one project at once),
--- stamped claimed_at (the attempt in progress) and attempted_at (the retry clock). Ready: due,
--- not poisoned, not claimed, no attempt started within retry_interval, not tried by this tick
--- (p_attempted: a failed or deferred row waits for the next tick). Its caller commits it before
+-- One ready row (chessboard.recalc_request_ready, queue.sql) not tried by this tick
+-- (p_attempted: a failed or deferred row waits for the next tick), oldest due_at first, SKIP
+-- LOCKED (a row another drain works on, or a raiser waits for, is passed over: N drains share
+-- the queue and never work on one project at once), stamped claimed_at (the attempt in
+-- progress) and attempted_at (the retry clock). Its caller commits it before
 -- the work starts, so a drain that dies inside the work leaves a claim that
 -- settle_abandoned_claims counts as the failed run it was.
 CREATE FUNCTION chessboard.claim_due_request(p_attempted uuid[])
@@ -41,8 +41,7 @@ BEGIN
     WITH ready AS (
         SELECT r.project_id, r.attempted_at
         FROM chessboard.project_recalc_requests r, chessboard.recalc_settings s
-        WHERE r.due_at <= now() AND r.attempt_count < s.poison_attempts AND r.claimed_at IS NULL
-          AND (r.attempted_at IS NULL OR r.attempted_at + s.retry_interval <= now())
+        WHERE chessboard.recalc_request_ready(r, s)
           AND r.project_id <> ALL (coalesce(p_attempted, '{}'))
         ORDER BY r.due_at
         LIMIT 1
