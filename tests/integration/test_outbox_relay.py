@@ -353,7 +353,9 @@ def test_an_event_kafka_refuses_aborts_its_batch_which_goes_out_again_without_it
     below an event the relay itself finds small enough, between events of another key on the
     usual topic. The broker refuses it for good: the transaction is aborted (so the other events,
     already acknowledged, never reach a read_committed consumer in it), the refused event is
-    dead-lettered with Kafka's reason, and the rest goes out again in a new transaction, once."""
+    dead-lettered with Kafka's reason, and the rest goes out again in a new transaction, once.
+    (How much of the aborted attempt the broker stored depends on timing: a four-worker run saw
+    none of it, where the test had assumed all.)"""
     small = f"pin.test.relay-small.{uuid.uuid4().hex[:8]}"
     client = admin(kafka_bootstrap)  # kept: the result dies with its client
     [created] = client.create_topics(
@@ -388,9 +390,14 @@ def test_an_event_kafka_refuses_aborts_its_batch_which_goes_out_again_without_it
         assert topic_counters(outbox)[TOPIC_LAYOUT_GROUP]["published"] - before == 3
         committed = consume(kafka_bootstrap, start, {fine})
         assert [json.loads(v)["Version"] for _, _, v in committed] == [1, 2, 3]
-        # The broker did store the aborted attempt: only read_committed keeps it out.
+        # What the broker stored of the aborted attempt, before the one it kept: what it had
+        # acknowledged when the refusal failed the transaction, the rest purged unsent
+        # (producer.Failure.purged). All three on an idle machine, fewer under load: a prefix.
+        # Whatever it stored, only read_committed keeps it out.
         everything = consume(kafka_bootstrap, start, {fine}, isolation="read_uncommitted")
-        assert [json.loads(v)["Version"] for _, _, v in everything] == [1, 2, 3, 1, 2, 3]
+        versions = [json.loads(v)["Version"] for _, _, v in everything]
+        aborted, kept = versions[:-3], versions[-3:]
+        assert (aborted, kept) == ([1, 2, 3][: len(aborted)], [1, 2, 3]), versions
     finally:
         outbox.execute("DELETE FROM chessboard.outbox_topics WHERE topic = %s", (small,))
         delete_topics(kafka_bootstrap, (small,))
