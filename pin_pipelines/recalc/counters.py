@@ -1,6 +1,7 @@
 """The drain's counters, written where it counts: inside each project's work transaction (one
-outcome row, `record_recalc_outcome` of migration 0014, called by `recalc_project_step`, and by
-migration 0018's `recalc_tick` for a lock wait on the claimed row or the statement timeout), so a
+outcome row, `record_recalc_outcome` in sql/postgres/schema/metrics.sql, called by
+`recalc_project_step`, and by `recalc_tick` for a lock wait on the claimed row or the statement
+timeout, both in schema/recalc.sql), so a
 rolled-back project counts nothing, a committed one exactly once, and the count survives the
 process; folded into the counters at each tick's end, with the tick's liveness (`record_tick`).
 The exporter (`pin_pipelines.metrics`) only reads them, with the label values below."""
@@ -14,9 +15,9 @@ from pin_pipelines.sql_faces import RecalcQueries
 
 Q = queries("recalc", RecalcQueries)
 
-#: The drain's outcomes as `chessboard_recalc_runs_total{result}` values, as
-#: recalc_project_step and recalc_tick write them (migrations 0014, 0018); "error" is the spec's
-#: name for a failed run (alert "рост runs_total{result=error}"). An interrupted attempt was given
+#: The drain's outcomes as `chessboard_recalc_runs_total{result}` values, as recalc_project_step
+#: and recalc_tick write them (sql/postgres/schema/recalc.sql); "error" is the spec's name for a
+#: failed run (alert "рост runs_total{result=error}"). An interrupted attempt was given
 #: back, so it is not a run.
 RESULT_LABELS: dict[str, str] = {
     "recalculated": "success",

@@ -37,8 +37,8 @@ Outcome = Literal["recalculated", "skipped_archived", "failed", "deferred", "int
 #: One project is a handful of indexed aggregates (spec: p99 < 2 s); a project whose work runs
 #: far longer is stuck, and must not hold the tick (spec: tick < 30 s): it fails, its run counted.
 PROJECT_TIMEOUT_SECONDS = 10.0
-#: How long a recalc_tick call (migration 0018: a tick's projects in one CALL, a COMMIT each) goes
-#: on claiming projects: the drain obeys a stop, and its tick budget, between calls, so this is
+#: How long a recalc_tick call (schema/recalc.sql: a tick's projects in one CALL, a COMMIT each)
+#: goes on claiming projects: the drain obeys a stop, and its tick budget, between calls, so this is
 #: how much later than between two projects (spec 000: cancellation between projects). A tick
 #: of 50 small projects still takes one call: ~40 ms unchanged, ~70 ms rewritten (bench_recalc).
 CLAIM_WINDOW_SECONDS = 0.1
@@ -64,7 +64,7 @@ CLIENT_CHECK_INTERVAL = "100ms"
 #: drain that stops sending inside a transaction (stopped, or its host cut off) loses its session
 #: after the project timeout, and with it the project's row locks: another drain takes the
 #: project over. Row lock waits are bounded by the SQL itself: the work's by recalc_claimed_project
-#: (lock_timeout), those of recalc_tick's handlers by end_claim (migration 0021).
+#: (lock_timeout), those of recalc_tick's handlers by end_claim (schema/recalc.sql).
 DRAIN_SESSION = {
     "idle_in_transaction_session_timeout": f"{round(PROJECT_TIMEOUT_SECONDS * 1000)}ms",
     "client_connection_check_interval": CLIENT_CHECK_INTERVAL,
@@ -93,7 +93,7 @@ class ProjectResult:
     republished: dict[str, int] = field(default_factory=dict)
     buildings_updated: int = 0
     #: A done project's requests served: its queue row's requested_count when the work locked
-    #: it (migration 0021; one that landed after the claim included).
+    #: it (one that landed after the claim included).
     requested_count: int = 0
     error: str | None = None
     #: A failed project's failed runs, this one included.
@@ -316,7 +316,7 @@ def _settle_abandoned_claims(
 ) -> list[_Poisoning]:
     """Count the attempts of drains that died inside them as the failed runs they were; the
     rows this made poison are returned. The same statement first writes the ends of attempts a
-    writer kept from their rows (chessboard.recalc_pending_claim_ends, migration 0021): those
+    writer kept from their rows (chessboard.recalc_pending_claim_ends, schema/recalc.sql): those
     were reported by the tick that ended them, and are not abandoned."""
     poisoning = []
     for claim in fetch_all(Q.settle_abandoned_claims, conn, _AbandonedClaim):
@@ -336,7 +336,7 @@ def _settle_abandoned_claims(
 
 @dataclass(frozen=True)
 class _ProjectReport:
-    """One project of a recalc_tick call (migration 0018): its claim and what became of it."""
+    """One project of a recalc_tick call (schema/recalc.sql): its claim and what became of it."""
 
     project_id: UUID
     tenant_id: UUID
@@ -520,7 +520,7 @@ def _run_batch(
     budget: Budget,
     call: _CallInHand,
 ) -> None:
-    """Up to `batch_size` projects in recalc_tick calls (migration 0018: a COMMIT per project),
+    """Up to `batch_size` projects in recalc_tick calls (schema/recalc.sql: a COMMIT per project),
     each claiming for at most CLAIM_WINDOW_SECONDS, so that a stop or the budget's end is
     obeyed between calls. Each project's span and log line are written from the call's
     report."""
@@ -544,7 +544,7 @@ def _run_batch(
                 lock_share=LOCK_WAIT_SHARE_OF_DEADLOCK_TIMEOUT,
             )
         except pg_errors.QueryCanceled:
-            # A cancel inside a project ends the call normally (migration 0018: the project is
+            # A cancel inside a project ends the call normally (recalc_tick: the project is
             # reported "interrupted", or "failed" for the statement timeout). One that landed
             # between two projects' blocks ends it with the error instead: the projects the call
             # committed are not reported, and a claim in hand is settled at the next tick.

@@ -1,7 +1,7 @@
 """The operators' side of the enqueue: the runbook's force-recalc and poison requeue.
 
 The raisers need none of this: triggers on property_objects, layouts and buildings call
-`chessboard.request_project_recalc` in the writer's own transaction (migration 0001).
+`chessboard.request_project_recalc` in the writer's own transaction (sql/postgres/schema/queue.sql).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The relay's wake-up: a PostgreSQL session of its own that LISTENs for the outbox trigger's
-notification, sent at the commit of every transaction that wrote the outbox (migration 0023).
+notification, sent at the commit of every transaction that wrote the outbox
+(outbox_events_notify, sql/postgres/schema/outbox.sql).
 
 The relay waits on it between runs instead of polling the outbox, and polls only as a backstop
 (PIN_RELAY_BACKSTOP_SECONDS): for a notification lost with the session (the server restarted,

@@ -22,7 +22,7 @@ LEFT JOIN chessboard.project_recalc_requests r ON true;
 
 -- name: counter_totals()
 -- Every persisted counter, shards summed, with the drain's outcome rows not folded yet
--- (metric_counter_rows, migration 0014): (metric, label, value).
+-- (metric_counter_rows, schema/metrics.sql): (metric, label, value).
 SELECT metric, label, sum(value)::float8 AS value
 FROM chessboard.metric_counter_rows
 GROUP BY metric, label

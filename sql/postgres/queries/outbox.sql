@@ -65,11 +65,12 @@ RETURNING last_seq;
 -- locks: lock_relay already makes this session the only publisher, and locking each event before
 -- deleting it writes every row twice (measured: a third of the relay's throughput). Never SKIP
 -- LOCKED: skipping a row would publish its key's next version before it.
--- The value and the topic-free checks were computed when the row was written (migration 0005);
+-- The value and the topic-free checks were computed when the row was written (outbox_events'
+-- generated columns, schema/outbox.sql);
 -- only the registry's checks run here. The value leaves as UTF-8 bytea, so the binary cursor
 -- hands Python the bytes Kafka sends. The message's timestamp is the row's creation time in
 -- milliseconds (contract section 4: freshness is measured from the event, not from the broker's
--- append), and the traceparent of the recalc that wrote it becomes a header (migration 0009).
+-- append), and the traceparent of the recalc that wrote it becomes a header.
 SELECT e.id, e.topic, e.message_key, convert_to(e.wire_value, 'UTF8') AS value,
        CASE
            WHEN t.topic IS NULL THEN 'unknown topic ' || e.topic

@@ -1,8 +1,8 @@
 -- Named queries of the recalc drain (spec 000, "Алгоритм"). Parameters are :named (aiosql).
 --
 -- A project's claim is committed before its work starts, so a drain that dies inside the
--- project has still marked the attempt (migrations 0006, 0012, 0014). A tick's projects run in
--- one CALL (recalc_tick, migration 0018): its first claim commits on its own; every project's
+-- project has still marked the attempt (schema/recalc.sql). A tick's projects run in one CALL
+-- (recalc_tick): its first claim commits on its own; every project's
 -- work transaction then locks the claimed row again and holds it to its end, records the
 -- outcome, and claims the tick's next project in the same COMMIT.
 --
@@ -87,11 +87,11 @@ WHERE r.project_id = abandoned.project_id
 RETURNING r.project_id, r.attempt_count, r.last_error;
 
 -- name: recalc_tick(batch, claim_for, attempted, traceparents, lock_share)$
--- Up to `batch` projects in one CALL, each in a transaction of its own (migration 0018's
--- chessboard.recalc_tick): the first claim commits alone (claim_due_request: one ready row,
+-- Up to `batch` projects in one CALL, each in a transaction of its own
+-- (chessboard.recalc_tick, schema/recalc.sql): the first claim commits alone (claim_due_request: one ready row,
 -- oldest due_at first, SKIP LOCKED, claimed_at marking the attempt in progress, attempted_at
 -- starting the retry clock; no attempt counted there), then per project the work, its outcome
--- recorded and the next claim in one COMMIT (recalc_project_step, migration 0014), while
+-- recorded and the next claim in one COMMIT (recalc_project_step), while
 -- `claim_for` (an interval) has not passed since the call started. Returns one JSON object per
 -- project: the claim and what became of it (drain._ProjectReport).
 -- SKIP LOCKED: a row another drain is working on is passed over without waiting, so N drains
@@ -158,13 +158,13 @@ SELECT count(*) FROM chessboard.poisoned_recalc_requests();
 
 -- Counters of the drain, read by the exporter (metrics.sql). They are written inside the
 -- transaction of the work they count (recalc_project_step, with record_recalc_outcome of
--- migration 0014), so a rolled-back project counts nothing and a committed one counts exactly
+-- schema/metrics.sql), so a rolled-back project counts nothing and a committed one counts exactly
 -- once, whichever process ran it. Each session writes its own shard (mod(pg_backend_pid(), 16)):
 -- concurrent drains do not queue on counter rows. The exporter sums the shards at scrape time.
 
 -- name: fold_recalc_outcomes()!
 -- A tick's end: the outcome rows its projects (and any other drain's) committed, added to
--- metric_counters in one transaction (migration 0014).
+-- metric_counters in one transaction (schema/metrics.sql).
 SELECT chessboard.fold_recalc_outcomes();
 
 -- name: record_tick()!
