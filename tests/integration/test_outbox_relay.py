@@ -38,17 +38,10 @@ from pin_pipelines.kafka import (
 from pin_pipelines.relay import relay_lag, relay_once, topic_counters
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.relay.outbox import Q
+from tests.support.contracts import CONTRACT_FIELDS
 from tests.support.outbox import TOPICS, insert, outbox_count, payload
 from tests.support.relay import consume, consume_messages
 
-ENVELOPE = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
-CONTRACT_FIELDS = {  # contract section 4
-    TOPIC_PROJECT: [*ENVELOPE, "TenantId", "Name", "Status", "PriceMin", "PriceMax",
-                    "PropertyObjectsTotalCount", "PropertyObjectsFreeCount"],
-    TOPIC_LAYOUT: [*ENVELOPE, "ProjectId", "LayoutGroupId", "TotalArea", "PropertyObjectsCount"],
-    TOPIC_LAYOUT_GROUP: [*ENVELOPE, "ProjectId", "TenantId", "Name", "SortOrder", "IsArchived",
-                         "LayoutsCount", "AreaMin", "AreaMax"],
-}  # fmt: skip
 ROOT = Path(__file__).resolve().parents[2]
 
 

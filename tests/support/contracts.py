@@ -13,6 +13,18 @@ from hypothesis import strategies as st
 from jsonschema import Draft7Validator, FormatChecker
 
 from pin_pipelines.contracts import contract_topics, schema
+from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
+
+#: The fields each topic's payload carries at least, as the outside contract lists them (section
+#: 4, envelope included): what the schemas' `required` and the relay's output are held to.
+ENVELOPE = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
+CONTRACT_FIELDS = {
+    TOPIC_PROJECT: [*ENVELOPE, "TenantId", "Name", "Status", "PriceMin", "PriceMax",
+                    "PropertyObjectsTotalCount", "PropertyObjectsFreeCount"],
+    TOPIC_LAYOUT: [*ENVELOPE, "ProjectId", "LayoutGroupId", "TotalArea", "PropertyObjectsCount"],
+    TOPIC_LAYOUT_GROUP: [*ENVELOPE, "ProjectId", "TenantId", "Name", "SortOrder", "IsArchived",
+                         "LayoutsCount", "AreaMin", "AreaMax"],
+}  # fmt: skip
 
 
 @cache

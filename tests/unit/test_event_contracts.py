@@ -16,19 +16,9 @@ from jsonschema import Draft7Validator
 
 from pin_pipelines.contracts import contract_topics, required_fields, schema
 from pin_pipelines.devstats.events import BadEvent, parse_message
-from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_LAYOUT_GROUP, TOPIC_PROJECT
+from pin_pipelines.kafka import TOPIC_LAYOUT_GROUP
 from tests.support.contract_changes import breaking_changes, check
-from tests.support.contracts import payloads, violations
-
-#: The fields each topic's payload carries at least (contract section 4), envelope included.
-ENVELOPE = ["ContractVersion", "EventId", "CreatedAt", "Id", "Version"]
-CONTRACT_FIELDS = {
-    TOPIC_PROJECT: [*ENVELOPE, "TenantId", "Name", "Status", "PriceMin", "PriceMax",
-                    "PropertyObjectsTotalCount", "PropertyObjectsFreeCount"],
-    TOPIC_LAYOUT: [*ENVELOPE, "ProjectId", "LayoutGroupId", "TotalArea", "PropertyObjectsCount"],
-    TOPIC_LAYOUT_GROUP: [*ENVELOPE, "ProjectId", "TenantId", "Name", "SortOrder", "IsArchived",
-                         "LayoutsCount", "AreaMin", "AreaMax"],
-}  # fmt: skip
+from tests.support.contracts import CONTRACT_FIELDS, payloads, violations
 
 
 def test_every_snapshot_topic_has_one_well_formed_contract() -> None:
