@@ -52,10 +52,10 @@ CONTRACT_EVENTS = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event=CONTRACT_EVENTS)
 def test_the_loader_accepts_every_event_the_contract_allows(event: dict[str, Any]) -> None:
-    """Tried: 200 generated layout-group payloads that keep the contract (any extra fields, any
+    """Tried: 100 generated layout-group payloads that keep the contract (any extra fields, any
     UUIDs, names, bounds, versions and sort orders it admits), keyed by their Id. The loader
     reads each one, field for field: nothing the contract allows goes to its dead letters."""
     assert violations(TOPIC_LAYOUT_GROUP, event) == []
@@ -74,7 +74,7 @@ LOADER_FIELDS = ["ContractVersion", "Id", "Version", "ProjectId", "TenantId", "N
                  "SortOrder", "IsArchived", "CreatedAt"]  # fmt: skip
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     event=CONTRACT_EVENTS,
     field=st.sampled_from(LOADER_FIELDS),
