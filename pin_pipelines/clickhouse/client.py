@@ -44,6 +44,11 @@ class ClickHouse(ABC):
     def rows(self, sql: str, params: Mapping[str, Param] | None = None) -> list[Row]:
         """Run a query; `%(name)s` placeholders take escaped literals of `params`."""
 
+    @abstractmethod
+    def records(self, sql: str, params: Mapping[str, Param] | None = None) -> list[dict[str, Any]]:
+        """`rows`, each by the result's column names (the select's aliases where it gives them):
+        for a caller that reads a row by name, not by the position of a column in the select."""
+
     def insert(
         self,
         table: str,

@@ -79,11 +79,19 @@ class EmbeddedClickHouse(ClickHouse):
         self._query(render(sql, params), "Null")
 
     def rows(self, sql: str, params: Mapping[str, Param] | None = None) -> list[Row]:
+        return self._result(sql, params)[1]
+
+    def records(self, sql: str, params: Mapping[str, Param] | None = None) -> list[dict[str, Any]]:
+        names, rows = self._result(sql, params)
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _result(self, sql: str, params: Mapping[str, Param] | None) -> tuple[list[str], list[Row]]:
+        """The result's column names and its rows, in the driver's Python types."""
         result = json.loads(self._query(render(sql, params), "JSONCompact") or "{}")
         if not result:
-            return []
+            return [], []
         converters = [_converter(column["type"]) for column in result["meta"]]
-        return [
+        return [str(column["name"]) for column in result["meta"]], [
             tuple(convert(value) for convert, value in zip(converters, row, strict=True))
             for row in result["data"]
         ]

@@ -92,6 +92,18 @@ class ServerClickHouse(ClickHouse):
         """A UuidSet parameter travels as an external table named after it (`IN _name`): binary
         UUIDs, a third of the time of the same query with the ids in a string (measured on
         18.16 with 1000 ids: 4 ms vs 12 ms)."""
+        return [tuple(row) for row in self._execute(*self._with_sets(sql, params))]
+
+    def records(self, sql: str, params: Mapping[str, Param] | None = None) -> list[dict[str, Any]]:
+        rows, columns = self._execute(*self._with_sets(sql, params), with_column_types=True)
+        names = [name for name, _ in columns]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    @staticmethod
+    def _with_sets(
+        sql: str, params: Mapping[str, Param] | None
+    ) -> tuple[str, list[dict[str, Any]] | None]:
+        """The statement, and its UuidSet parameters as external tables (see `rows`)."""
         plain = {k: v for k, v in (params or {}).items() if not isinstance(v, UuidSet)}
         sets = {k: v for k, v in (params or {}).items() if isinstance(v, UuidSet)}
         tables = [
@@ -102,8 +114,7 @@ class ServerClickHouse(ClickHouse):
             }
             for name, uuids in sets.items()
         ]
-        sql = render(sql, plain, verbatim={name: f"_{name}" for name in sets})
-        return [tuple(row) for row in self._execute(sql, tables or None)]
+        return render(sql, plain, verbatim={name: f"_{name}" for name in sets}), tables or None
 
     def send_insert(
         self,
@@ -160,10 +171,18 @@ class ServerClickHouse(ClickHouse):
             self._dedup_supported = found[0][0] > 0
         return self._dedup_supported
 
-    def _execute(self, sql: str, external_tables: list[dict[str, Any]] | None = None) -> Any:
+    def _execute(
+        self,
+        sql: str,
+        external_tables: list[dict[str, Any]] | None = None,
+        *,
+        with_column_types: bool = False,
+    ) -> Any:
         self.confirm_insert()
         with self._driver_errors():
-            return self._client.execute(sql, external_tables=external_tables)
+            return self._client.execute(
+                sql, external_tables=external_tables, with_column_types=with_column_types
+            )
 
     def _handshake(self) -> None:
         """Connect with the hello bounded by HANDSHAKE_SECONDS, then give the socket the

@@ -32,8 +32,9 @@ def stored_versions(ch: ClickHouse, ids: Collection[UUID]) -> dict[int, int]:
     keyed by the group's UUID as an int, like `newest_per_group`."""
     if not ids:
         return {}
-    found = ch.rows(QUERIES["stored_versions"], {"ids": UuidSet(ids)})
-    return {gid.int: int(version) for gid, version in found}  # UUIDs (ClickHouse interface)
+    found = ch.records(QUERIES["stored_versions"], {"ids": UuidSet(ids)})
+    # UUIDs (the ClickHouse interface's type)
+    return {row["layout_group_id"].int: int(row["source_version"]) for row in found}
 
 
 def insert_events(ch: ClickHouse, events: Iterable[LayoutGroupUpserted]) -> int:

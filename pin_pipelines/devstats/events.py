@@ -14,6 +14,8 @@ from uuid import UUID
 
 import msgspec
 
+from pin_pipelines.devstats.dimension import DIM_LAYOUT_GROUP
+
 INT32 = (-(2**31), 2**31 - 1)
 INT64_MAX = 2**63 - 1
 
@@ -38,30 +40,15 @@ class LayoutGroupUpserted(msgspec.Struct, rename="pascal", frozen=True, gc=False
     created_at: Annotated[datetime, msgspec.Meta(tz=True)]
 
     def row(self) -> tuple[object, ...]:
-        """The dimension row, in COLUMNS order: DeveloperId = TenantId, SourceVersion = Version,
+        """The dimension row, in COLUMNS order, each column read from the field the dimension's
+        description names (dimension.py): DeveloperId = TenantId, SourceVersion = Version,
         UpsertedAt = CreatedAt (the spec's mapping)."""
-        return (
-            self.id,
-            self.project_id,
-            self.tenant_id,
-            self.name,
-            self.sort_order,
-            int(self.is_archived),
-            self.version,
-            self.created_at,
-        )
+        return _ROW(self)
 
 
-COLUMNS = (
-    "LayoutGroupId",
-    "ProjectId",
-    "DeveloperId",
-    "Name",
-    "SortOrder",
-    "IsArchived",
-    "SourceVersion",
-    "UpsertedAt",
-)
+#: The insert's column list, the dimension's order (dimension.py).
+COLUMNS = DIM_LAYOUT_GROUP.names
+_ROW = DIM_LAYOUT_GROUP.row_of()
 
 _decode = msgspec.json.Decoder(LayoutGroupUpserted).decode
 _encode = msgspec.json.Encoder().encode

@@ -1,7 +1,7 @@
 """The operator side's face of devstats: the loader (`load_once`, `load_continuously`,
 `backfill`) and its options and summary, the loader group's place in its topic and freshness,
-the operator's Actor and the dimension's operator queries, for the Dagster wiring, `pin`, the
-reconciliation and the exporter.
+the operator's Actor, the dimension's description and its operator queries, for the Dagster
+wiring, `pin`, the reconciliation and the exporter.
 
 Why not in `devstats/__init__`: importing any `pin_pipelines.devstats.x` runs the package's
 `__init__`, so an `__init__` that imported the loader side would hand it to the read API
@@ -10,6 +10,7 @@ Why not in `devstats/__init__`: importing any `pin_pipelines.devstats.x` runs th
 """
 
 from pin_pipelines.devstats.dim import QUERIES as DIM_QUERIES
+from pin_pipelines.devstats.dimension import DIM_LAYOUT_GROUP
 from pin_pipelines.devstats.freshness import FRESHNESS_SLA_SECONDS, ConsumerLag, unloaded_events
 from pin_pipelines.devstats.loader import (
     LoadOptions,
@@ -30,6 +31,7 @@ from pin_pipelines.devstats.replay import IdRange
 
 __all__ = [
     "DEFAULT_GROUP",
+    "DIM_LAYOUT_GROUP",
     "DIM_QUERIES",
     "FRESHNESS_SLA_SECONDS",
     "ConsumerLag",

@@ -16,8 +16,9 @@ Every read takes a group's current row by (UpsertedAt, SourceVersion): the query
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from pin_pipelines.clickhouse import CLICKHOUSE_SQL_DIR, ClickHouse, UuidSet, named_queries
@@ -36,6 +37,18 @@ class LayoutGroup:
     sort_order: int
     is_archived: bool
     source_version: int
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> LayoutGroup:
+        """From a row of `groups`, by its names."""
+        return cls(
+            layout_group_id=UUID(str(row["layout_group_id"])),
+            project_id=UUID(str(row["project_id"])),
+            name=str(row["name"]),
+            sort_order=int(row["sort_order"]),
+            is_archived=bool(row["is_archived"]),
+            source_version=int(row["source_version"]),
+        )
 
 
 def labels(
@@ -56,8 +69,8 @@ def labels(
     if not wanted:
         return {}
     found: dict[UUID, str] = {
-        gid: str(name)
-        for gid, name in ch.rows(
+        row["layout_group_id"]: str(row["name"])
+        for row in ch.records(
             QUERIES["labels"],
             {"developer_id": developer_id, "ids": UuidSet(wanted), "project_id": project_id},
         )
@@ -72,10 +85,8 @@ def groups(ch: ClickHouse, actor: Actor, project_id: UUID | None = None) -> list
     another developer: it holds no group of the actor's)."""
     developer_id = _scope(actor)
     return [
-        LayoutGroup(
-            UUID(str(gid)), UUID(str(pid)), str(name), int(order), bool(archived), int(version)
-        )
-        for gid, pid, name, order, archived, version in ch.rows(
+        LayoutGroup.of(row)
+        for row in ch.records(
             QUERIES["groups"], {"developer_id": developer_id, "project_id": project_id}
         )
     ]

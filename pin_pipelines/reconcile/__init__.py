@@ -8,6 +8,7 @@ Plain Python + SQL; the Dagster assets (pin_pipelines/defs/reconcile) and `pin r
 from pin_pipelines.reconcile.aggregates import AggregateDrift, aggregates_drift, enqueue_projects
 from pin_pipelines.reconcile.dimension import (
     DimDrift,
+    Snapshot,
     VersionsBehind,
     compare,
     dim_layout_group_drift,
@@ -29,6 +30,7 @@ __all__ = [
     "DriftRow",
     "ReconcileReport",
     "Repair",
+    "Snapshot",
     "VersionsBehind",
     "aggregates_drift",
     "compare",

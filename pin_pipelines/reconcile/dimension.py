@@ -14,6 +14,7 @@ project waits on the project row lock, so per-key order holds.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,27 +22,27 @@ from uuid import UUID
 
 from pin_pipelines.clickhouse import ClickHouse
 from pin_pipelines.db import connection, fetch_all, fetch_column, queries
-from pin_pipelines.devstats.loading import DIM_QUERIES
+from pin_pipelines.devstats.loading import DIM_LAYOUT_GROUP, DIM_QUERIES
 from pin_pipelines.reconcile.model import DriftRow
 from pin_pipelines.sql_faces import ReconcileQueries
 
 ENTITY = "dim_layout_group"
-#: Compared columns, in the order of `Snapshot`: the spec's dimension columns and the version.
-COLUMNS = ("project_id", "developer_id", "name", "sort_order", "is_archived", "version")
+#: Compared, in the table's order: the spec's dimension columns and the version, by the names the
+#: dimension's description gives them (devstats/dimension.py).
+COLUMNS = DIM_LAYOUT_GROUP.compared
 #: Per group, the first that applies: the row is absent, present without a source group, behind,
 #: ahead of the source (a restored database?), or at the same version with other values.
 KINDS = ("missing", "unexpected", "stale_version", "ahead_version", "different")
-
-Snapshot = tuple[UUID, UUID, str, int, bool, int]
 
 Q = queries("reconcile", ReconcileQueries)
 
 
 @dataclass(frozen=True)
-class _LayoutGroupSource:
-    """A chessboard.layout_groups row as the dimension should hold it (layout_group_sources)."""
+class Snapshot:
+    """A group's compared values, by name: what chessboard.layout_groups says the dimension
+    should hold (`layout_group_sources`), or what it holds (`current_rows`). The fields are the
+    description's compared names (tests/unit/test_dimension_description.py)."""
 
-    id: UUID
     project_id: UUID
     #: The project's developer: the hierarchy's, not the group's copy (layout_group_sources).
     developer_id: UUID
@@ -50,16 +51,28 @@ class _LayoutGroupSource:
     is_archived: bool
     version: int
 
-    @property
-    def snapshot(self) -> Snapshot:
-        return (
-            self.project_id,
-            self.developer_id,
-            self.name,
-            int(self.sort_order),
-            bool(self.is_archived),
-            int(self.version),
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Snapshot:
+        """From a row read by name (either side; a UUID may come as text, a flag as UInt8)."""
+        return cls(
+            project_id=UUID(str(row["project_id"])),
+            developer_id=UUID(str(row["developer_id"])),
+            name=str(row["name"]),
+            sort_order=int(row["sort_order"]),
+            is_archived=bool(row["is_archived"]),
+            version=int(row["version"]),
         )
+
+    def get(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class _LayoutGroupSource(Snapshot):
+    """A chessboard.layout_groups row as the dimension should hold it (layout_group_sources):
+    its id, then the compared values."""
+
+    id: UUID
 
 
 @dataclass
@@ -101,24 +114,26 @@ def compare(source: dict[UUID, Snapshot], dim: dict[UUID, Snapshot]) -> DimDrift
             assert have is not None
             drift.kinds[group_id] = "unexpected"
             drift.rows.append(
-                DriftRow(ENTITY, group_id, have[0], "row", f"version {have[5]}", None)
+                DriftRow(ENTITY, group_id, have.project_id, "row", f"version {have.version}", None)
             )
             continue
         if have is None:
             kind = "missing"
             drift.rows.append(
-                DriftRow(ENTITY, group_id, want[0], "row", None, f"version {want[5]}")
+                DriftRow(ENTITY, group_id, want.project_id, "row", None, f"version {want.version}")
             )
         else:
             diffs = [
-                DriftRow(ENTITY, group_id, want[0], column, stored, expected)
-                for column, stored, expected in zip(COLUMNS, have, want, strict=True)
-                if stored != expected
+                DriftRow(
+                    ENTITY, group_id, want.project_id, column, have.get(column), want.get(column)
+                )
+                for column in COLUMNS
+                if have.get(column) != want.get(column)
             ]
             if not diffs:
                 continue
             drift.rows.extend(diffs)
-            version_have, version_want = have[5], want[5]
+            version_have, version_want = have.version, want.version
             kind = (
                 "stale_version"
                 if version_have < version_want
@@ -127,8 +142,8 @@ def compare(source: dict[UUID, Snapshot], dim: dict[UUID, Snapshot]) -> DimDrift
                 else "different"
             )
         drift.kinds[group_id] = kind
-        drift.republish[group_id] = -1 if have is None else have[5]
-        drift.projects[group_id] = want[0]
+        drift.republish[group_id] = -1 if have is None else have.version
+        drift.projects[group_id] = want.project_id
     return drift
 
 
@@ -137,21 +152,11 @@ def dim_layout_group_drift(pg_dsn: str, ch: ClickHouse) -> DimDrift:
     `ahead_version` for one run at worst, never as a missing row."""
     with connection(pg_dsn) as conn:
         read_at = Q.clock(conn)
-        source = {
-            g.id: g.snapshot for g in fetch_all(Q.layout_group_sources, conn, _LayoutGroupSource)
+        source: dict[UUID, Snapshot] = {
+            g.id: g for g in fetch_all(Q.layout_group_sources, conn, _LayoutGroupSource)
         }
     dim = {
-        UUID(str(group_id)): (
-            UUID(str(project_id)),
-            UUID(str(developer_id)),
-            str(name),
-            int(sort_order),
-            bool(is_archived),
-            int(version),
-        )
-        for group_id, project_id, developer_id, name, sort_order, is_archived, version in ch.rows(
-            DIM_QUERIES["current_rows"]
-        )
+        UUID(str(row["id"])): Snapshot.of(row) for row in ch.records(DIM_QUERIES["current_rows"])
     }
     drift = compare(source, dim)
     drift.read_at = read_at

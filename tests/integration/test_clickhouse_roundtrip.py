@@ -107,6 +107,29 @@ def test_a_uuid_set_filters_like_in(clickhouse: ClickHouse) -> None:
     assert sorted(gid for (gid,) in found) == sorted(set(ids[::3]))
 
 
+def test_records_give_each_value_under_its_alias(clickhouse: ClickHouse) -> None:
+    """`records` is `rows` by name: the select's aliases (or the column's own name) as keys, the
+    same Python values as `rows`, with a UuidSet parameter as well (an external table on the
+    server); an empty result is an empty list."""
+    gid, dev = uuid.uuid4(), uuid.uuid4()
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    clickhouse.insert(TABLE, COLUMNS, [(gid, gid, dev, "Студии", -3, 1, 7, at)])
+    sql = (
+        "SELECT LayoutGroupId, argMax(Name, UpsertedAt) AS name, argMax(SortOrder, UpsertedAt)"
+        " AS sort_order, argMax(IsArchived, UpsertedAt) AS is_archived"
+        " FROM pin_dev_stats.dim_layout_group WHERE LayoutGroupId IN %(ids)s"
+        " GROUP BY LayoutGroupId"
+    )
+    params = {"ids": UuidSet([gid])}
+    assert clickhouse.records(sql, params) == [
+        {"LayoutGroupId": gid, "name": "Студии", "sort_order": -3, "is_archived": 1}
+    ]
+    assert [tuple(r.values()) for r in clickhouse.records(sql, params)] == clickhouse.rows(
+        sql, params
+    )
+    assert clickhouse.records(sql, {"ids": UuidSet([uuid.uuid4()])}) == []
+
+
 def test_retried_insert_with_the_same_token(clickhouse: ClickHouse) -> None:
     """Stored once where the engine deduplicates (chdb, current servers); 18.16 has no token, so
     it stores the row twice, and the argMax read is the same either way."""

@@ -6,6 +6,7 @@ Real PostgreSQL, Kafka and the embedded ClickHouse; a missing service fails thes
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -29,6 +30,7 @@ from pin_pipelines.devstats.dim import labels
 from pin_pipelines.devstats.events import COLUMNS
 from pin_pipelines.recalc.drain import drain_tick
 from pin_pipelines.reconcile import (
+    Snapshot,
     aggregates_drift,
     compare,
     dim_layout_group_drift,
@@ -464,7 +466,10 @@ def test_a_dimension_row_without_source_group_is_reported_not_deleted(
 def test_ahead_version_is_bumped_past_the_dimension() -> None:
     """A dimension ahead of its source (a restored database) heals only with a higher Version."""
     gid, pid, dev = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    drift = compare({gid: (pid, dev, "A", 1, False, 3)}, {gid: (pid, dev, "A", 1, False, 9)})
+    row = Snapshot(
+        project_id=pid, developer_id=dev, name="A", sort_order=1, is_archived=False, version=3
+    )
+    drift = compare({gid: row}, {gid: dataclasses.replace(row, version=9)})
     assert drift.kinds == {gid: "ahead_version"} and drift.republish == {gid: 9}
 
 

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 from pin_pipelines.devstats.offsets import first_unloaded
 from pin_pipelines.devstats.replay import IdRange, RangedReplay
 from pin_pipelines.errors import PinError
-from pin_pipelines.reconcile.dimension import Snapshot, compare
+from pin_pipelines.reconcile import Snapshot, compare
 from pin_pipelines.relay.outbox import _id_runs, stuck_failure
 from pin_pipelines.relay.producer import Failure
 
@@ -23,7 +23,14 @@ PROJECT, DEVELOPER = uuid.uuid4(), uuid.uuid4()
 
 
 def snapshot(version: int, name: str = "A", archived: bool = False) -> Snapshot:
-    return (PROJECT, DEVELOPER, name, 1, archived, version)
+    return Snapshot(
+        project_id=PROJECT,
+        developer_id=DEVELOPER,
+        name=name,
+        sort_order=1,
+        is_archived=archived,
+        version=version,
+    )
 
 
 def test_each_kind_of_dimension_drift() -> None:

@@ -8,20 +8,23 @@
 -- name: stored_versions
 -- The loader's version guard: the stored SourceVersion of a batch's groups, in one query.
 -- The ids are a UuidSet (pin_pipelines/clickhouse/literals.py): never 1000 parsed UUID literals.
-SELECT LayoutGroupId, argMax(SourceVersion, (UpsertedAt, SourceVersion))
+SELECT LayoutGroupId AS layout_group_id,
+       argMax(SourceVersion, (UpsertedAt, SourceVersion)) AS source_version
 FROM pin_dev_stats.dim_layout_group
 WHERE LayoutGroupId IN %(ids)s
 GROUP BY LayoutGroupId;
 
 -- name: current_rows
--- Operator read for the reconciliation: the current row of EVERY group, all developers.
+-- Operator read for the reconciliation: the current row of EVERY group, all developers, each
+-- compared column under the name the reconciliation reads it by (the dimension's description,
+-- pin_pipelines/devstats/dimension.py: tests/unit/test_dimension_description.py keeps them equal).
 SELECT
-    LayoutGroupId,
-    argMax(ProjectId, (UpsertedAt, SourceVersion)),
-    argMax(DeveloperId, (UpsertedAt, SourceVersion)),
-    argMax(Name, (UpsertedAt, SourceVersion)),
-    argMax(SortOrder, (UpsertedAt, SourceVersion)),
-    argMax(IsArchived, (UpsertedAt, SourceVersion)),
-    argMax(SourceVersion, (UpsertedAt, SourceVersion))
+    LayoutGroupId AS id,
+    argMax(ProjectId, (UpsertedAt, SourceVersion)) AS project_id,
+    argMax(DeveloperId, (UpsertedAt, SourceVersion)) AS developer_id,
+    argMax(Name, (UpsertedAt, SourceVersion)) AS name,
+    argMax(SortOrder, (UpsertedAt, SourceVersion)) AS sort_order,
+    argMax(IsArchived, (UpsertedAt, SourceVersion)) AS is_archived,
+    argMax(SourceVersion, (UpsertedAt, SourceVersion)) AS version
 FROM pin_dev_stats.dim_layout_group
 GROUP BY LayoutGroupId;

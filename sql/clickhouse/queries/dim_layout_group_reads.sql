@@ -23,7 +23,7 @@
 -- Names of the actor's groups; a group whose current row is another developer's is not visible,
 -- nor (when project_id is not NULL) one whose current row is in another project, so a group moved
 -- away is not labelled with its old name. The ids are a UuidSet too.
-SELECT LayoutGroupId, argMax(Name, (UpsertedAt, SourceVersion))
+SELECT LayoutGroupId AS layout_group_id, argMax(Name, (UpsertedAt, SourceVersion)) AS name
 FROM pin_dev_stats.dim_layout_group
 WHERE LayoutGroupId IN %(ids)s
 GROUP BY LayoutGroupId
@@ -38,12 +38,12 @@ SETTINGS max_threads = 1;
 -- Ties of SortOrder go by the id's text: ClickHouse compares UUIDs by their halves in an
 -- engine-dependent order, the text is the same everywhere (and what a client sorting ids gets).
 SELECT
-    LayoutGroupId,
+    LayoutGroupId AS layout_group_id,
     argMax(ProjectId, (UpsertedAt, SourceVersion)) AS project_id,
-    argMax(Name, (UpsertedAt, SourceVersion)),
+    argMax(Name, (UpsertedAt, SourceVersion)) AS name,
     argMax(SortOrder, (UpsertedAt, SourceVersion)) AS sort_order,
-    argMax(IsArchived, (UpsertedAt, SourceVersion)),
-    argMax(SourceVersion, (UpsertedAt, SourceVersion))
+    argMax(IsArchived, (UpsertedAt, SourceVersion)) AS is_archived,
+    argMax(SourceVersion, (UpsertedAt, SourceVersion)) AS source_version
 FROM pin_dev_stats.dim_layout_group
 GROUP BY LayoutGroupId
 HAVING argMax(DeveloperId, (UpsertedAt, SourceVersion)) = %(developer_id)s
