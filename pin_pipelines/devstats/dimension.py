@@ -5,10 +5,11 @@ version guard's column, the version that ReplacingMergeTree keeps (UpsertedAt) a
 What follows from it, by name, never by a column's position:
 - the loader's row (`LayoutGroupUpserted.row`, events.py) and the insert's column list;
 - the reconciliation's comparison (reconcile/dimension.py): a source row and a dimension row are
-  `DimensionRow`s, built from `layout_group_sources` and from `current_rows` by the names below;
-- the DDL (sql/clickhouse/0001_dim_layout_group.sql) and the operator read `current_rows` are SQL
-  files, kept equal to this description by tests/unit/test_dimension_description.py (SQL stays
-  first-class: the DDL is what the migration runs, the read is a named query).
+  `Snapshot`s, built from `layout_group_sources` and from `current_rows` by the names below;
+- the DDL (sql/clickhouse/0001_dim_layout_group.sql), the operator read `current_rows` and the
+  online reads (scoped by `scope`) are SQL files, kept equal to this description by
+  tests/unit/test_dimension_description.py (SQL stays first-class: the DDL is what the migration
+  runs, a read is a named query).
 Adding a field to the snapshot: one Column here, the event's field (events.py), one ClickHouse
 migration and one PostgreSQL migration (docs/layout.md says which files).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -53,14 +54,11 @@ class Dimension:
     upserted: str
     #: The column an actor's reads are scoped by (its developer).
     scope: str
-    _by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_name = {column.name: column for column in self.columns}
-        assert len(by_name) == len(self.columns), "a column named twice"
+        assert len(set(self.names)) == len(self.columns), "a column named twice"
         for role in (self.key, self.version, self.upserted, self.scope):
-            assert role in by_name, f"{role} is not a column of {self.table}"
-        object.__setattr__(self, "_by_name", by_name)
+            assert role in self.names, f"{role} is not a column of {self.table}"
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -70,7 +70,7 @@ class Snapshot:
 @dataclass(frozen=True)
 class _LayoutGroupSource(Snapshot):
     """A chessboard.layout_groups row as the dimension should hold it (layout_group_sources):
-    its id, then the compared values."""
+    the compared values, and the group's id."""
 
     id: UUID
 

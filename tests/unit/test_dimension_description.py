@@ -113,7 +113,8 @@ def test_the_loaders_row_takes_each_column_from_its_described_field() -> None:
 
 def test_the_reads_and_the_guard_name_what_their_callers_read() -> None:
     """Tried: the output names of the online reads (`groups`, `labels`) and of the loader's
-    version guard (`stored_versions`) against what reads.py and dim.py read them by."""
+    version guard (`stored_versions`) against what reads.py and dim.py read them by, and the
+    online reads' scope against the described scope column."""
     reads = named_queries(CLICKHOUSE_SQL_DIR / "queries" / "dim_layout_group_reads.sql")
     operator_reads = named_queries(CLICKHOUSE_SQL_DIR / "queries" / "dim_layout_group.sql")
     names = {
@@ -129,3 +130,6 @@ def test_the_reads_and_the_guard_name_what_their_callers_read() -> None:
         "labels": ["layout_group_id", "name"],
         "stored_versions": ["layout_group_id", "source_version"],
     }
+    # The online reads answer an actor's developer only: each group's current scope column.
+    scoped = f"argMax({D.scope}, ({D.upserted}, {D.version})) = %(developer_id)s"
+    assert all(scoped in reads[name] for name in ("groups", "labels"))
