@@ -46,6 +46,13 @@ def read_pid(pidfile: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
+#: The services this process started, by pid, until their start is confirmed or has failed: how
+#: one that died while starting ended (an exit code, or the signal that killed it) is known only
+#: to its parent, and only while nothing else has reaped it (`subprocess` reaps a dropped Popen's
+#: child at the next Popen of the process).
+_STARTING: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def start_detached(
     argv: Sequence[str],
     *,
@@ -67,8 +74,24 @@ def start_detached(
             start_new_session=True,
             preexec_fn=default_stop_signals,
         )
+    _STARTING[proc.pid] = proc
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def _how_it_ended(pid: int) -> str:
+    """How service `pid`, started by this process and found dead, ended: " (exit code N)", " (killed
+    by SIGX)", or "" when this process did not start it."""
+    proc = _STARTING.pop(pid, None)
+    if proc is None:
+        return ""
+    try:
+        code = proc.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return ""
+    if code < 0:
+        return f" (killed by {signal.Signals(-code).name})"
+    return f" (exit code {code})"
 
 
 def stop_child(process: subprocess.Popen[Any], *, grace_seconds: float) -> None:
@@ -114,10 +137,17 @@ def wait_until(
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if check():
+            if pid is not None:
+                _STARTING.pop(pid, None)  # started: its Popen may go (subprocess reaps it)
             return time.monotonic() - start
         if pid is not None and not pid_alive(pid):
-            raise PinError(f"{what} exited during start-up{_log_tail(output)}{_log_tail(logfile)}")
+            ended = _how_it_ended(pid)
+            raise PinError(
+                f"{what} exited during start-up{ended}{_log_tail(output)}{_log_tail(logfile)}"
+            )
         time.sleep(0.2)
+    if pid is not None:
+        _STARTING.pop(pid, None)
     raise PinError(f"{what} did not answer within {timeout:.0f}s{_log_tail(logfile)}")
 
 

@@ -34,7 +34,20 @@ def test_a_service_that_exits_while_starting_is_reported_with_its_own_last_words
             lambda: False, timeout=30, what="The service", logfile=log, pid=pid, output=output
         )
     message = str(failed.value)
-    assert message.startswith("The service exited during start-up; see "), message
+    assert message.startswith("The service exited during start-up (exit code 3); see "), message
     assert message.index("fatal: cannot start") < message.index("an earlier run's last line")
     assert "libclickhouse" not in message
     assert "\n" not in message
+
+
+def test_a_service_killed_while_starting_is_reported_with_the_signal(tmp_path: Path) -> None:
+    """Tried: a process that SIGKILLs itself before it prints anything (what a broker of a CI run
+    did: no output and no log line, and no way to tell a kill from a crash). The error names the
+    signal."""
+    output = tmp_path / "stdout.log"
+    pid = start_detached(
+        ["sh", "-c", "kill -KILL $$"], pidfile=tmp_path / "service.pid", logfile=output
+    )
+    with pytest.raises(PinError) as failed:
+        wait_until(lambda: False, timeout=30, what="The service", pid=pid, output=output)
+    assert str(failed.value).startswith("The service exited during start-up (killed by SIGKILL)")
