@@ -23,27 +23,46 @@ from pin_pipelines.errors import PinError
 from pin_pipelines.signals import default_stop_signals
 
 
-def pid_alive(pid: int) -> bool:
+def started_at(pid: int) -> int | None:
+    """When live process `pid` started (clock ticks since boot), or None: gone, a zombie, or the
+    id of another process's thread. Threads draw their ids from the pids' counter, and /proc and
+    kill(2) answer to a thread's id as to a process's: a CI run's servers start and end threads
+    by the thousand, so a dead service's pid is soon some thread's."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # pid (comm) state … field 22 starttime: comm may hold spaces and parentheses.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/status", "rb") as status:
+            leader = f"\nTgid:\t{pid}\n".encode() in status.read()
     except (OSError, IndexError):
-        return True
+        return None
+    if fields[0] == b"Z" or not leader:  # a zombie child of ours is gone too
+        return None
+    return int(fields[19])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a live process (not a thread, not a zombie) has id `pid`."""
+    return started_at(pid) is not None
 
 
 def read_pid(pidfile: Path) -> int | None:
+    """The pid in `pidfile` when that process still runs: the same process, by its start time
+    (the file holds both), not whichever process or thread has the id now."""
     try:
-        pid = int(pidfile.read_text().strip())
+        pid, _, start = pidfile.read_text().strip().partition(" ")
+        recorded = int(pid), int(start) if start else None
     except (OSError, ValueError):
         return None
-    return pid if pid_alive(pid) else None
+    now = started_at(recorded[0])
+    # A file without a start time (written before the file held one): any process with the id.
+    alive = now is not None and recorded[1] in (None, now)
+    return recorded[0] if alive else None
+
+
+def _still(pid: int, start: int | None) -> bool:
+    """Whether process `pid` that started at `start` runs (`start` None: it did not run)."""
+    return start is not None and started_at(pid) == start
 
 
 #: The services this process started, by pid, until their start is confirmed or has failed: how
@@ -75,7 +94,9 @@ def start_detached(
             preexec_fn=default_stop_signals,
         )
     _STARTING[proc.pid] = proc
-    pidfile.write_text(f"{proc.pid}\n")
+    # Its start time is set at the fork, and the unreaped child keeps its id: read now, it is
+    # this process's (None: it already ended, and 0 matches no process).
+    pidfile.write_text(f"{proc.pid} {started_at(proc.pid) or 0}\n")
     return proc.pid
 
 
@@ -110,11 +131,13 @@ def stop_pid(pidfile: Path, *, grace_seconds: float = 30.0) -> bool:
     if pid is None:
         pidfile.unlink(missing_ok=True)
         return False
-    os.kill(pid, signal.SIGTERM)
+    start = started_at(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while _still(pid, start) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if pid_alive(pid):
+    if _still(pid, start):  # not a process that took its id since
         os.kill(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
     return True
@@ -135,12 +158,13 @@ def wait_until(
     its last words are there (a JVM's, or a child's that died before its exec), while `logfile`
     may still end with the previous run's lines."""
     start = time.monotonic()
+    began = None if pid is None else started_at(pid)
     while time.monotonic() - start < timeout:
         if check():
             if pid is not None:
                 _STARTING.pop(pid, None)  # started: its Popen may go (subprocess reaps it)
             return time.monotonic() - start
-        if pid is not None and not pid_alive(pid):
+        if pid is not None and not _still(pid, began):
             ended = _how_it_ended(pid)
             raise PinError(
                 f"{what} exited during start-up{ended}{_log_tail(output)}{_log_tail(logfile)}"
