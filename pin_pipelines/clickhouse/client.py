@@ -84,6 +84,11 @@ class ClickHouse(ABC):
         """Whether `insert` honours `dedup_token`; callers skip computing one where it does not."""
         return True
 
+    def sibling(self, host: str, port: int) -> ClickHouse:
+        """A client of another server of this one's cluster, as this one's user (TLS and
+        password alike): what a statement that runs server by server needs."""
+        raise PinError(f"ClickHouse at {self.location} is no server of a cluster")
+
     @abstractmethod
     def close(self) -> None:
         """Release the connection (the embedded engine's folder lock goes with the process)."""

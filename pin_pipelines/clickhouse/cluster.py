@@ -12,8 +12,16 @@ both `ON CLUSTER` (distributed DDL: every server of the cluster runs it from Zoo
   LayoutGroupId` through the Distributed table then merges per-group states that each come from
   one shard. (`toString`: 18.16's cityHash64 takes no UUID; the text form hashes the same on
   every version, so a group's shard does not change with the server version.)
-`CREATE DATABASE` gets `ON CLUSTER`. Any other statement has no cluster form yet and raises, so a
-new migration is written with its cluster form in mind rather than applied to one node only.
+`CREATE DATABASE` gets `ON CLUSTER`. `ALTER TABLE db.t` becomes the same ALTER of `db.t_local`, `ON
+CLUSTER`, and then of `db.t` on each server in turn (18.16 refuses an ALTER ON CLUSTER of a table
+that is not replicated): a column added to the replicas first, then to the Distributed table, so
+a write through it never names a column the replicas lack (a column with a default is filled by
+the replicas while the Distributed table does not send it yet; a column dropped goes in the
+other order). A server that has the column added (or dropped) already is skipped, so a migration
+that did not reach a server is run again when it is back. A `MODIFY SETTING`
+changes the replicas' MergeTree only: a Distributed table has no such settings. Any other
+statement has no cluster form yet and raises, so a new migration is written with its cluster
+form in mind rather than applied to one node only.
 
 What writes through the Distributed table rely on (ServerClickHouse sends both on every query):
 - `insert_distributed_sync = 1`: the INSERT returns once every shard it touched has stored its
@@ -30,6 +38,7 @@ What writes through the Distributed table rely on (ServerClickHouse sends both o
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from pin_pipelines.clickhouse.legacy import without_non_replicated_dedup_window
 
@@ -45,15 +54,57 @@ _CREATE_TABLE = re.compile(
 )
 
 
-def ddl_for_cluster(statement: str, cluster: str) -> list[str]:
-    """The statements that create `statement`'s objects on `cluster` (see the module doc)."""
+_ALTER_TABLE = re.compile(
+    r"^ALTER\s+TABLE\s+(?P<db>\w+)\.(?P<table>\w+)\s+(?P<action>(?:"
+    r"(?P<adds>ADD\s+COLUMN\s+(?P<added>\w+))|(?P<drops>DROP\s+COLUMN\s+(?P<dropped>\w+))"
+    r"|(?:MODIFY|COMMENT)\s+COLUMN\s|(?P<setting>MODIFY\s+SETTING\s)).*)$",
+    re.I | re.S,
+)
+
+
+@dataclass(frozen=True)
+class ClusterStatement:
+    """One statement of a migration's cluster form."""
+
+    sql: str
+    #: Run on every server of the cluster in turn, not ON CLUSTER: 18.16 refuses an ALTER … ON
+    #: CLUSTER of a table that is not replicated (the Distributed one) on a cluster whose shards
+    #: replicate internally ("isn't replicated, but shard #2 is replicated", Code 371).
+    every_server: bool = False
+    #: (table, column, present): the column this statement adds (present) or drops. A server
+    #: where that is so already is skipped (18.16 has no ADD COLUMN IF NOT EXISTS), so that a
+    #: migration that did not reach every server runs again.
+    column: tuple[str, str, bool] | None = None
+
+
+def ddl_for_cluster(statement: str, cluster: str) -> list[ClusterStatement]:
+    """The statements that run `statement` on `cluster` (see the module doc)."""
     if _CREATE_DATABASE.match(statement):
-        return [f"{statement} ON CLUSTER {cluster}"]
+        return [ClusterStatement(f"{statement} ON CLUSTER {cluster}")]
+    alter = _ALTER_TABLE.match(statement)
+    if alter is not None:
+        db, name, action = alter["db"], alter["table"], alter["action"]
+        local_sql = f"ALTER TABLE {db}.{name}{LOCAL_SUFFIX} ON CLUSTER {cluster} {action}"
+        if alter["setting"]:
+            return [ClusterStatement(local_sql)]
+        column = alter["added"] or alter["dropped"]
+        local = ClusterStatement(
+            local_sql, column=_guard(f"{db}.{name}{LOCAL_SUFFIX}", column, bool(alter["adds"]))
+        )
+        distributed = ClusterStatement(
+            f"ALTER TABLE {db}.{name} {action}",
+            every_server=True,
+            column=_guard(f"{db}.{name}", column, bool(alter["adds"])),
+        )
+        if alter["drops"]:
+            return [distributed, local]  # no write names it any more, then the replicas drop it
+        return [local, distributed]
     table = _CREATE_TABLE.match(statement)
     if table is None:
         raise ValueError(
             "no cluster form for this ClickHouse migration statement (cluster.py knows CREATE "
-            f"DATABASE and CREATE TABLE … MergeTree … ORDER BY one column): {statement[:120]!r}"
+            "DATABASE, CREATE TABLE … MergeTree … ORDER BY one column, and ALTER TABLE … "
+            f"ADD/DROP/MODIFY/COMMENT COLUMN or MODIFY SETTING): {statement[:120]!r}"
         )
     create = f"CREATE TABLE {table['if_not_exists'] or ''}"
     db, name, columns = table["db"], table["table"], table["columns"]
@@ -61,17 +112,31 @@ def ddl_for_cluster(statement: str, cluster: str) -> list[str]:
         [f"'/clickhouse/tables/{{shard}}/{db}/{name}'", "'{replica}'"]
         + ([table["args"].strip()] if table["args"].strip() else [])
     )
-    local = (
+    replicas = (
         f"{create}{db}.{name}{LOCAL_SUFFIX} ON CLUSTER {cluster}\n{columns}\n"
         f"ENGINE = Replicated{table['engine']}({args})\n"
         + without_non_replicated_dedup_window(table["rest"]).strip()
     )
-    distributed = (
+    over_replicas = (
         f"{create}{db}.{name} ON CLUSTER {cluster}\n{columns}\n"
         f"ENGINE = Distributed({cluster}, {db}, {name}{LOCAL_SUFFIX}, "
         f"cityHash64(toString({table['key'].strip('( )')})))"
     )
-    return [local, distributed]
+    return [ClusterStatement(replicas), ClusterStatement(over_replicas)]
+
+
+def _guard(table: str, column: str | None, present: bool) -> tuple[str, str, bool] | None:
+    return None if column is None else (table, column, present)
+
+
+def created_tables(statement: str, cluster: str | None) -> list[str]:
+    """The tables (`db.t`) that `statement` creates on each server: its own, and on `cluster`
+    also the shard-local table behind it; none for any other statement."""
+    table = _CREATE_TABLE.match(statement)
+    if table is None:
+        return []
+    name = f"{table['db']}.{table['table']}"
+    return [name] if cluster is None else [f"{name}{LOCAL_SUFFIX}", name]
 
 
 def distributed_tables(statement: str) -> list[str]:

@@ -1,19 +1,41 @@
-"""`pin db migrate` for ClickHouse: apply `sql/clickhouse/*.sql` in name order.
+"""`pin db migrate` for ClickHouse: the versioned files of `sql/clickhouse/migrations/`, each
+applied once, in name order, and recorded in a journal (`sql/clickhouse/journal.sql`), as yoyo
+does for PostgreSQL.
 
-Every file is idempotent (`IF NOT EXISTS`), so no version table is kept: re-applying is the upgrade.
+A migration file is never edited once it ran somewhere (the journal keeps its SHA-256 and a
+changed file is refused): a change to a table is a new file, and `sql/clickhouse/schema.sql` is
+edited beside it (a test holds the two equal). A database migrated before the journal existed
+gets its journal on the next run, which applies every file again: the first ones are
+`IF NOT EXISTS`, so that re-run finds every table in place. And every run makes the tables of
+the current definition that the server lacks (a replaced server's empty disk), from it.
+
 With a cluster (`PIN_CLICKHOUSE_CLUSTER`) each statement is applied in its cluster form
-(cluster.py), `ON CLUSTER`, which is as idempotent: a re-run finds every table in place. A
-statement that a server which is down cannot run stays in ZooKeeper's DDL queue and runs there
-when it is back; the migration sends every statement anyway (each waits DDL_TIMEOUT_SECONDS for
-the hosts), so the queue holds the whole migration, in order, and then fails saying so.
+(cluster.py), `ON CLUSTER`: the journal too, so every server reads one journal. A statement that a
+server which is down cannot run stays in ZooKeeper's DDL queue and runs there when it is back;
+the migration sends every statement anyway (each waits DDL_TIMEOUT_SECONDS for the hosts),
+records the migration (the queue will run it), and then fails saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseUnavailable
-from pin_pipelines.clickhouse.cluster import ddl_for_cluster, distributed_tables
+from pin_pipelines.clickhouse.cluster import (
+    ClusterStatement,
+    created_tables,
+    ddl_for_cluster,
+    distributed_tables,
+)
 from pin_pipelines.clickhouse.legacy import downgrade_ddl_for_legacy_server, is_legacy_server
-from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, statements
+from pin_pipelines.clickhouse.sqlfiles import (
+    CLICKHOUSE_JOURNAL,
+    CLICKHOUSE_MIGRATIONS_DIR,
+    CLICKHOUSE_SCHEMA,
+    statements,
+)
 from pin_pipelines.errors import PinError
 
 #: How long an ON CLUSTER statement waits for every host to run it (the server's
@@ -25,45 +47,160 @@ DDL_TIMEOUT_SECONDS = 45
 #: The server's answer to an ON CLUSTER statement that not every host ran within the timeout.
 _DDL_TIMEOUT_CODE = 159
 
+JOURNAL_TABLE = "pin_dev_stats.schema_migrations"
+
 
 def migrate_clickhouse(
-    ch: ClickHouse, cluster: str | None = None, ddl_timeout: int = DDL_TIMEOUT_SECONDS
+    ch: ClickHouse,
+    cluster: str | None = None,
+    ddl_timeout: int = DDL_TIMEOUT_SECONDS,
+    migrations: Path = CLICKHOUSE_MIGRATIONS_DIR,
 ) -> list[str]:
-    """Apply every migration, on `cluster` when given; returns the tables that did not exist
-    before on the server `ch` is connected to (none on a re-run)."""
+    """Apply the migrations of `migrations` that the journal does not hold, on `cluster` when
+    given; returns their versions (none on a re-run)."""
     if cluster is not None:
         _require_cluster(ch, cluster)
-    legacy = is_legacy_server(ch.server_version)
-    before = _tables(ch)
-    queued: list[str] = []
-    for path in sorted(CLICKHOUSE_SQL_DIR.glob("*.sql")):
+    apply = _Applier(ch, cluster, ddl_timeout)
+    journal_ddl = statements(CLICKHOUSE_JOURNAL)
+    if not _holds(ch, journal_ddl, cluster):  # an ON CLUSTER statement waits for every host
+        for statement in journal_ddl:
+            apply(statement)
+    done = journal(ch)
+    applied: list[str] = []
+    for path in sorted(migrations.glob("*.sql")):
+        version, checksum = path.stem, _checksum(path)
+        if version in done:
+            if done[version] != checksum:
+                raise PinError(
+                    f"ClickHouse migration {version} was changed after it was applied "
+                    f"({path}): a change to a table is a new migration file"
+                )
+            continue
         for statement in statements(path):
-            for ddl in [statement] if cluster is None else ddl_for_cluster(statement, cluster):
-                if cluster is not None:
-                    # Per statement: the driver reconnects after a server error, and a new
-                    # connection has the server's default again.
-                    ch.command(f"SET distributed_ddl_task_timeout = {int(ddl_timeout)}")
-                try:
-                    ch.command(downgrade_ddl_for_legacy_server(ddl) if legacy else ddl)
-                except ClickHouseUnavailable as exc:
-                    if getattr(exc.__cause__, "code", None) != _DDL_TIMEOUT_CODE:
-                        raise
-                    queued.append(str(exc))  # ran here; queued for the hosts that are down
-            if cluster is not None:
-                for table in distributed_tables(statement):
-                    _require_distributed(ch, table)
-    if queued:
-        raise PinError(
-            f"{len(queued)} ON CLUSTER statement(s) did not run on every server of {cluster} "
-            f"within {ddl_timeout} s; they stay queued in ZooKeeper and run on those servers "
-            f"when they are back (run `pin db migrate` again then to confirm): {queued[0]}"
+            apply(statement)
+        if apply.unreached:
+            servers = ", ".join(sorted(apply.unreached))
+            raise PinError(
+                f"ClickHouse migration {version} did not reach {servers} (a Distributed "
+                "table's ALTER runs server by server); it is not in the journal: run `pin db "
+                "migrate` again once they answer (what ran is not run twice): "
+                f"{next(iter(apply.unreached.values()))}"
+            )
+        ch.insert(
+            JOURNAL_TABLE,
+            ("Version", "Checksum", "AppliedAt"),
+            [(version, checksum, datetime.now(UTC).replace(microsecond=0, tzinfo=None))],
         )
-    return sorted(_tables(ch) - before)
+        applied.append(version)
+    for statement in statements(CLICKHOUSE_SCHEMA):
+        # The journal says what ran, not what this server holds: a table it lacks (a replaced
+        # server's empty disk, a table moved aside) is made from the current definition.
+        if not _holds(ch, [statement], cluster):
+            apply(statement)
+        if cluster is not None:
+            for table in distributed_tables(statement):
+                _require_distributed(ch, table)
+    if apply.queued:
+        raise PinError(
+            f"{len(apply.queued)} ON CLUSTER statement(s) did not run on every server of "
+            f"{cluster} within {ddl_timeout} s; they stay queued in ZooKeeper and run on those "
+            f"servers when they are back (run `pin db migrate` again then to confirm): "
+            f"{apply.queued[0]}"
+        )
+    return applied
 
 
-def _tables(ch: ClickHouse) -> set[str]:
-    rows = ch.rows("SELECT database, name FROM system.tables WHERE database = 'pin_dev_stats'")
-    return {f"{database}.{name}" for database, name in rows}
+def journal(ch: ClickHouse) -> dict[str, str]:
+    """The migrations the journal holds: each version's checksum."""
+    rows = ch.rows(
+        f"SELECT Version, argMax(Checksum, AppliedAt) FROM {JOURNAL_TABLE} GROUP BY Version"
+    )
+    return {str(version): str(checksum) for version, checksum in rows}
+
+
+class _Applier:
+    """Runs one migration statement in the server's dialect, in its cluster form on a cluster.
+    Keeps the ON CLUSTER statements that some host has not run yet (queued for it), and the
+    servers that a statement run server by server did not reach."""
+
+    def __init__(self, ch: ClickHouse, cluster: str | None, ddl_timeout: int) -> None:
+        self.ch, self.cluster, self.ddl_timeout = ch, cluster, ddl_timeout
+        self.legacy = is_legacy_server(ch.server_version)
+        self.queued: list[str] = []
+        self.unreached: dict[str, str] = {}  # server → why
+
+    def __call__(self, statement: str) -> None:
+        if self.legacy:
+            statement = downgrade_ddl_for_legacy_server(statement)
+            if not statement:  # nothing this server has (a setting it does not know)
+                return
+        if self.cluster is None:
+            self.ch.command(statement)
+            return
+        for step in ddl_for_cluster(statement, self.cluster):
+            if step.every_server:
+                for server in _servers(self.ch, self.cluster):
+                    with server:
+                        try:
+                            if not _done(server, step):
+                                server.command(step.sql)
+                        except ClickHouseUnavailable as exc:
+                            self.unreached[server.location] = str(exc)
+            elif not _done(self.ch, step):
+                self._on_cluster(step.sql)
+
+    def _on_cluster(self, ddl: str) -> None:
+        # Per statement: the driver reconnects after a server error, and a new connection has
+        # the server's default again.
+        self.ch.command(f"SET distributed_ddl_task_timeout = {int(self.ddl_timeout)}")
+        try:
+            self.ch.command(ddl)
+        except ClickHouseUnavailable as exc:
+            if getattr(exc.__cause__, "code", None) != _DDL_TIMEOUT_CODE:
+                raise
+            self.queued.append(str(exc))  # ran here; queued for the hosts that are down
+
+
+def _servers(ch: ClickHouse, cluster: str) -> list[ClickHouse]:
+    """A client of each server of `cluster`, with `ch`'s user, password and TLS."""
+    rows = ch.rows(
+        "SELECT DISTINCT host_address, port FROM system.clusters WHERE cluster = %(cluster)s "
+        "ORDER BY host_address, port",
+        {"cluster": cluster},
+    )
+    return [ch.sibling(str(host), int(port)) for host, port in rows]
+
+
+def _done(ch: ClickHouse, step: ClusterStatement) -> bool:
+    """Whether the column `step` adds (drops) is there (gone) on the server already."""
+    if step.column is None:
+        return False
+    table, column, present = step.column
+    database, name = table.split(".")
+    [(found,)] = ch.rows(
+        "SELECT count() FROM system.columns "
+        "WHERE database = %(db)s AND table = %(table)s AND name = %(column)s",
+        {"db": database, "table": name, "column": column},
+    )
+    return bool(found) == present
+
+
+def _checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _holds(ch: ClickHouse, ddl: list[str], cluster: str | None) -> bool:
+    """Whether the server has every table that `ddl` creates (on `cluster`: in its cluster
+    form, the shard-local tables too)."""
+    for table in (t for statement in ddl for t in created_tables(statement, cluster)):
+        database, name = table.split(".")
+        found = ch.rows(
+            "SELECT count() FROM system.tables WHERE database = %(db)s AND name = %(name)s",
+            {"db": database, "name": name},
+        )
+        if not found[0][0]:
+            return False
+    return True
 
 
 def _require_cluster(ch: ClickHouse, cluster: str) -> None:
@@ -80,7 +217,8 @@ def _require_cluster(ch: ClickHouse, cluster: str) -> None:
 
 def _require_distributed(ch: ClickHouse, table: str) -> None:
     """`IF NOT EXISTS` keeps a table made before the cluster setting was: a single-node table
-    under the Distributed table's name would take every write while the cluster stays empty."""
+    under the Distributed table's name would take every write while the cluster stays empty.
+    Checked on every run, for every table of the current definition."""
     database, name = table.split(".")
     [(engine,)] = ch.rows(
         "SELECT engine FROM system.tables WHERE database = %(db)s AND name = %(name)s",

@@ -6,6 +6,7 @@ stays free of Dagster, so it uses the driver directly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,6 +64,7 @@ class ServerClickHouse(ClickHouse):
 
     def __init__(self, address: ServerAddress, *, connect_timeout: float = 3.0) -> None:
         self.location = str(address)
+        self._connect_timeout = connect_timeout
         self._address = address
         # Connects lazily on the first statement; the driver reconnects after a network error.
         # The password is set before each statement (_driver_errors): it may come from a file.
@@ -154,6 +156,12 @@ class ServerClickHouse(ClickHouse):
             except BaseException:
                 self._client.disconnect()  # what execute() does on any error mid-statement
                 raise
+
+    def sibling(self, host: str, port: int) -> ServerClickHouse:
+        return ServerClickHouse(
+            dataclasses.replace(self._address, host=host, port=port),
+            connect_timeout=self._connect_timeout,
+        )
 
     def close(self) -> None:
         self._client.disconnect()

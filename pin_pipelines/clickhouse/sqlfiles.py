@@ -11,6 +11,12 @@ from pathlib import Path
 from pin_pipelines.config import SQL_DIR
 
 CLICKHOUSE_SQL_DIR = SQL_DIR / "clickhouse"
+#: The versioned migrations, applied in name order; a file's name without `.sql` is its version.
+CLICKHOUSE_MIGRATIONS_DIR = CLICKHOUSE_SQL_DIR / "migrations"
+#: What the migrations build, in one place (a test holds them equal).
+CLICKHOUSE_SCHEMA = CLICKHOUSE_SQL_DIR / "schema.sql"
+#: The journal of the migrations applied, created before the first one.
+CLICKHOUSE_JOURNAL = CLICKHOUSE_SQL_DIR / "journal.sql"
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
 
 

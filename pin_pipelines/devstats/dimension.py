@@ -6,10 +6,10 @@ What follows from it, by name, never by a column's position:
 - the loader's row (`LayoutGroupUpserted.row`, events.py) and the insert's column list;
 - the reconciliation's comparison (reconcile/dimension.py): a source row and a dimension row are
   `Snapshot`s, built from `layout_group_sources` and from `current_rows` by the names below;
-- the DDL (sql/clickhouse/0001_dim_layout_group.sql), the operator read `current_rows` and the
-  online reads (scoped by `scope`) are SQL files, kept equal to this description by
-  tests/unit/test_dimension_description.py (SQL stays first-class: the DDL is what the migration
-  runs, a read is a named query).
+- the table's current definition (sql/clickhouse/schema.sql, which the migrations are held
+  equal to), the operator read `current_rows` and the online reads (scoped by `scope`) are SQL
+  files, kept equal to this description by tests/unit/test_dimension_description.py (SQL stays
+  first-class: the DDL is what the migrations run, a read is a named query).
 Adding a field to the snapshot: one Column here, the event's field (events.py), one ClickHouse
 migration and one PostgreSQL migration (docs/layout.md says which files).
 """

@@ -37,6 +37,7 @@ from pin_pipelines.clickhouse import (
     open_clickhouse,
 )
 from pin_pipelines.clickhouse.cluster import LOCAL_SUFFIX
+from pin_pipelines.clickhouse.migrate import JOURNAL_TABLE, journal
 from pin_pipelines.config import Settings
 from pin_pipelines.definitions import defs
 from pin_pipelines.defs.reconcile.assets import dim_layout_group_drift as drift_asset
@@ -60,7 +61,9 @@ from pin_pipelines.stack.process import free_port_run, pid_alive, port_open, rea
 from tests.support.chessboard import small_project
 from tests.support.cli import assert_one_line_error, run_pin, summary
 from tests.support.clickhouse import cluster_in_sync, settings_for
+from tests.support.clickhouse_migrations import ADD_NOTE, migrate_while_loading, with_migration
 from tests.support.devstats import Group, committed, end_offsets, physical_rows, produce_events
+from tests.support.loaders import loader_env
 
 #: It drops, truncates and stops servers of the stack's shared ClickHouse cluster: the modules
 #: whose tests also run on the cluster run one after another with it, on one worker.
@@ -288,48 +291,127 @@ def test_a_single_node_table_under_the_dimension_name_stops_the_migration(
     assert "docs/runbook.md" in str(caught.value)
 
 
-def test_a_migration_with_a_server_down_is_queued_for_it_and_runs_when_it_is_back(
+def test_a_server_with_an_empty_disk_gets_its_tables_from_the_current_definition(
     cluster: LocalClickHouseCluster,
 ) -> None:
-    """Tried: s1r2 loses its tables (dropped on it alone, a replacement server's empty disk) and
-    is stopped; the migration runs from s1r1 with a 2 s DDL timeout. Every statement waits its
-    2 s (not the client's 60 s receive timeout, which would blame s1r1 as unreachable), the
-    migration fails in one line saying the statements stay queued, and sends all of them. s1r2,
-    started again, runs the queue in order: it has both tables, and its replica fetches what its
-    shard holds. A re-run then creates nothing."""
+    """Tried: every table of s1r2 dropped (a replacement server's empty disk; the journal, read
+    through the other servers, holds every migration), then the migration from s1r2, as
+    docs/runbook.md says. It makes s1r2's tables from the current definition (ON CLUSTER, IF
+    NOT EXISTS: nothing changes elsewhere), every table has its cluster form again, and s1r2's
+    replica fetches what its shard holds. (Before this module adds columns: a replica is made
+    again only with the columns its shard has.)"""
     s1r1, s1r2 = cluster.node("s1r1"), cluster.node("s1r2")
     with open_clickhouse(s1r1.url) as ch:
         insert_events(ch, [parse_event(json.dumps(Group().event(1)).encode()) for _ in range(10)])
     cluster_in_sync(cluster)
+    tables = (TABLE, LOCAL, JOURNAL_TABLE, f"{JOURNAL_TABLE}{LOCAL_SUFFIX}")
     with open_clickhouse(s1r2.url) as ch:
-        ch.command(f"DROP TABLE {TABLE}")
-        ch.command(f"DROP TABLE {LOCAL}")
+        for table in tables:
+            ch.command(f"DROP TABLE {table}")
+        migrate_clickhouse(ch, cluster.name)
+        for table in tables:
+            assert ch.rows(f"EXISTS TABLE {table}") == [(1,)], table
+    cluster_in_sync(cluster)
+    assert local_versions(s1r1) and local_versions(s1r2) == local_versions(s1r1)
+
+
+def test_a_migration_with_a_server_down_is_completed_when_it_is_back(
+    cluster: LocalClickHouseCluster, tmp_path: Path
+) -> None:
+    """Tried: s1r2 stopped, then a new migration (a column added to the dimension, from a
+    temporary folder beside the shipped ones) run from s1r1 with a 2 s DDL timeout. The
+    replicas' ALTER, ON CLUSTER, waits its 2 s for s1r2 (not the client's 60 s receive timeout,
+    which would blame s1r1 as unreachable) and stays queued for it; the Distributed table's,
+    server by server, cannot reach s1r2. The migration fails in one line naming s1r2, and is not
+    in the journal. s1r2, started again, runs the queue (its replica gets the column); the
+    migration run again from s1r2 then completes it (what ran is not run twice: no "column
+    already exists"), its replica fetches what its shard holds, and a third run applies
+    nothing."""
+    migrations = with_migration(tmp_path / "migrations", "0900_layout_group_note", ADD_NOTE)
+    s1r1, s1r2 = cluster.node("s1r1"), cluster.node("s1r2")
+    with open_clickhouse(s1r1.url) as ch:
+        insert_events(ch, [parse_event(json.dumps(Group().event(1)).encode()) for _ in range(10)])
+    cluster_in_sync(cluster)
     s1r2.down()
 
     started = time.monotonic()
     with open_clickhouse(s1r1.url) as ch, pytest.raises(PinError) as caught:
-        migrate_clickhouse(ch, cluster.name, ddl_timeout=2)
+        migrate_clickhouse(ch, cluster.name, ddl_timeout=2, migrations=migrations)
     message = str(caught.value)
     assert time.monotonic() - started < 30
     assert "\n" not in message and message.startswith(
-        f"3 ON CLUSTER statement(s) did not run on every server of {cluster.name} within 2 s; "
-        "they stay queued in ZooKeeper"
+        f"ClickHouse migration 0900_layout_group_note did not reach {s1r2.address.host}:"
+        f"{s1r2.address.port} "
     ), message
-    assert "Code: 159." in message and "distributed_ddl_task_timeout (=2)" in message
+    assert "it is not in the journal" in message and "unreachable" in message
+    with open_clickhouse(s1r1.url) as ch:
+        assert "0900_layout_group_note" not in journal(ch)
+        assert note_columns(ch) == 2
 
     s1r2.up()
     with open_clickhouse(s1r2.url) as ch:
-        wait_until(
-            lambda: (
-                len(ch.rows("SELECT 1 FROM system.tables WHERE database = 'pin_dev_stats'")) == 2
-            ),
-            timeout=60,
-            what="s1r2 running the queued migration",
-        )
+        wait_until(lambda: note_columns(ch) >= 1, timeout=60, what="s1r2 running the queue")
+        assert migrate_clickhouse(ch, cluster.name, migrations=migrations) == [
+            "0900_layout_group_note"
+        ]
+        assert note_columns(ch) == 2
     cluster_in_sync(cluster)
     assert local_versions(s1r1) and local_versions(s1r2) == local_versions(s1r1)
     with open_clickhouse(s1r2.url) as ch:
-        assert migrate_clickhouse(ch, cluster.name) == []
+        assert migrate_clickhouse(ch, cluster.name, migrations=migrations) == []
+
+
+def note_columns(ch: ClickHouse) -> int:
+    """How many of the server's dimension tables (local, Distributed) have the Note column."""
+    [(found,)] = ch.rows(
+        "SELECT count() FROM system.columns WHERE database = 'pin_dev_stats' "
+        "AND table IN ('dim_layout_group', 'dim_layout_group_local') AND name = 'Note'"
+    )
+    return int(found)
+
+
+def test_a_column_is_added_on_the_cluster_while_the_loader_writes(
+    cluster: LocalClickHouseCluster,
+    loader_options: LoadOptions,
+    kafka_bootstrap: str,
+    pg_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """Tried: a continuous `pin devstats load` process (PIN_CLICKHOUSE_CLUSTER set) writing
+    300 groups' versions 1–10 through the Distributed table in three waves, and a new migration
+    (a column with a default) applied ON CLUSTER while the second wave loads. Every group ends
+    at version 10 and nothing is dead-lettered; every table of every server has the column, and
+    every row read through the Distributed table its default."""
+    migrations = with_migration(tmp_path / "migrations", "0901_layout_group_label", ADD_LABEL)
+    url = cluster.url()
+    env = {
+        **loader_env(url, kafka_bootstrap, pg_dsn, tmp_path),
+        "PIN_CLICKHOUSE_CLUSTER": cluster.name,
+    }
+
+    def labelled(ch: ClickHouse) -> tuple[int, int]:
+        [(rows, labelled)] = ch.rows(f"SELECT count(), countIf(Label = 'none') FROM {TABLE}")
+        return int(rows), int(labelled)
+
+    report = migrate_while_loading(
+        url, cluster.name, migrations, loader_options, env, kafka_bootstrap, tmp_path, labelled
+    )
+    assert report["applied"] == ["0901_layout_group_label"]
+    assert report["consumed"] == 3000 and report["dead_lettered"] == 0
+    rows, labelled_rows = report["inspected"]
+    assert rows >= 300 and labelled_rows == rows
+    for node in cluster.nodes:
+        with open_clickhouse(node.url) as ch:
+            [(found,)] = ch.rows(
+                "SELECT count() FROM system.columns WHERE database = 'pin_dev_stats' "
+                "AND table IN ('dim_layout_group', 'dim_layout_group_local') AND name = 'Label'"
+            )
+        assert found == 2, node.replica.name
+
+
+#: A column with a default, as a later release would add it (a second one: the module's cluster
+#: has the note already).
+ADD_LABEL = "ALTER TABLE pin_dev_stats.dim_layout_group ADD COLUMN Label String DEFAULT 'none';\n"
 
 
 def test_every_version_of_a_group_lives_on_one_shard(

@@ -102,14 +102,14 @@ def labels_args(group: Group) -> tuple[str, ...]:
 
 
 def test_migrate_over_tls_as_writer(secured: Secured, migrated: dict[str, object]) -> None:
-    """`pin db migrate` with the writer's clickhouses:// URL and password file created the
-    dimension (18.16: the legacy DDL) on the TLS port."""
+    """`pin db migrate` with the writer's clickhouses:// URL and password file applied the
+    migration that creates the dimension (18.16: the legacy DDL) on the TLS port."""
     with open_clickhouse(
         secured.writer["PIN_CLICKHOUSE_URL"],
         password_file=Path(secured.writer["PIN_CLICKHOUSE_PASSWORD_FILE"]),
     ) as ch:
         assert ch.rows(f"EXISTS TABLE {TABLE}") == [(1,)]
-    assert migrated["clickhouse_applied"] == [TABLE]
+    assert migrated["clickhouse_applied"] == ["0001_dim_layout_group"]
 
 
 def test_labels_as_reader(secured: Secured, loaded: Group) -> None:

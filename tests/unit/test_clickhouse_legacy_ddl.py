@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pin_pipelines.clickhouse.legacy import downgrade_ddl_for_legacy_server, is_legacy_server
-from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_SQL_DIR, statements
+from pin_pipelines.clickhouse.sqlfiles import CLICKHOUSE_MIGRATIONS_DIR, statements
 
-MIGRATION = CLICKHOUSE_SQL_DIR / "0001_dim_layout_group.sql"
+MIGRATION = CLICKHOUSE_MIGRATIONS_DIR / "0001_dim_layout_group.sql"
 
 
 def test_only_servers_before_20_are_legacy() -> None:
@@ -38,3 +38,14 @@ def test_downgrade_leaves_statements_without_those_alone() -> None:
     create_database = statements(MIGRATION)[0]
     assert create_database == "CREATE DATABASE IF NOT EXISTS pin_dev_stats"
     assert downgrade_ddl_for_legacy_server(create_database) == create_database
+
+
+def test_a_change_of_the_dedup_window_is_no_statement_on_18_16() -> None:
+    """18.16 has no MODIFY SETTING and no such setting: a migration that changes the window runs
+    nothing there (its tables never had it); any other ALTER is left as written."""
+    change = "ALTER TABLE pin_dev_stats.dim_layout_group MODIFY SETTING "
+    assert (
+        downgrade_ddl_for_legacy_server(f"{change}non_replicated_deduplication_window = 2000") == ""
+    )
+    other = "ALTER TABLE pin_dev_stats.dim_layout_group ADD COLUMN Note String DEFAULT ''"
+    assert downgrade_ddl_for_legacy_server(other) == other
