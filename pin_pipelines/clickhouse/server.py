@@ -29,10 +29,12 @@ _UNREACHABLE = (NetworkError, SocketTimeoutError, EOFError, OSError)
 
 #: Server errors that say a part of a cluster is down or busy, not that the statement is wrong:
 #: a Distributed query found no live replica of a shard (279) or lost one mid-way (32, 209, 210),
-#: ZooKeeper is away so replicated tables are read-only (225, 242, 999), an insert's fate is
-#: unknown (319), a DDL waited out the hosts that are down (159), or the server is overloaded
-#: (202, 252). The same statement may succeed later: ClickHouseUnavailable, which callers retry.
-_TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 252, 279, 319, 999})
+#: ZooKeeper is away so replicated tables are read-only (225, 242, 999) or its state changed
+#: under the statement (244: an insert that raced a migration's ALTER on 18.16, "Bad version" on
+#: the table's columns node; a CI run's loader ended on it), an insert's fate is unknown (319),
+#: a DDL waited out the hosts that are down (159), or the server is overloaded (202, 252). The
+#: same statement may succeed later: ClickHouseUnavailable, which callers retry.
+_TRANSIENT_SERVER_CODES = frozenset({32, 159, 202, 209, 210, 225, 242, 244, 252, 279, 319, 999})
 
 #: The settings sent with every statement. Both only act on Distributed tables (a cluster,
 #: clickhouse/cluster.py) and change nothing on a single server:
