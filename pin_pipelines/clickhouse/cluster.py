@@ -56,7 +56,8 @@ _CREATE_TABLE = re.compile(
 
 _ALTER_TABLE = re.compile(
     r"^ALTER\s+TABLE\s+(?P<db>\w+)\.(?P<table>\w+)\s+(?P<action>(?:"
-    r"(?P<adds>ADD\s+COLUMN\s+(?P<added>\w+))|(?P<drops>DROP\s+COLUMN\s+(?P<dropped>\w+))"
+    r"(?P<adds>ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<added>\w+))"
+    r"|(?P<drops>DROP\s+COLUMN\s+(?:IF\s+EXISTS\s+)?(?P<dropped>\w+))"
     r"|(?:MODIFY|COMMENT)\s+COLUMN\s|(?P<setting>MODIFY\s+SETTING\s)).*)$",
     re.I | re.S,
 )
@@ -87,14 +88,13 @@ def ddl_for_cluster(statement: str, cluster: str) -> list[ClusterStatement]:
         local_sql = f"ALTER TABLE {db}.{name}{LOCAL_SUFFIX} ON CLUSTER {cluster} {action}"
         if alter["setting"]:
             return [ClusterStatement(local_sql)]
-        column = alter["added"] or alter["dropped"]
+        change = column_change(statement)
         local = ClusterStatement(
-            local_sql, column=_guard(f"{db}.{name}{LOCAL_SUFFIX}", column, bool(alter["adds"]))
+            local_sql,
+            column=change and (f"{change[0]}{LOCAL_SUFFIX}", change[1], change[2]),
         )
         distributed = ClusterStatement(
-            f"ALTER TABLE {db}.{name} {action}",
-            every_server=True,
-            column=_guard(f"{db}.{name}", column, bool(alter["adds"])),
+            f"ALTER TABLE {db}.{name} {action}", every_server=True, column=change
         )
         if alter["drops"]:
             return [distributed, local]  # no write names it any more, then the replicas drop it
@@ -125,8 +125,15 @@ def ddl_for_cluster(statement: str, cluster: str) -> list[ClusterStatement]:
     return [ClusterStatement(replicas), ClusterStatement(over_replicas)]
 
 
-def _guard(table: str, column: str | None, present: bool) -> tuple[str, str, bool] | None:
-    return None if column is None else (table, column, present)
+def column_change(statement: str) -> tuple[str, str, bool] | None:
+    """(table, column, present) of an ALTER that adds (present) or drops a column, None for any
+    other statement: what a server that already ran it shows (18.16 has no `ADD COLUMN IF NOT
+    EXISTS`, so a migration that stopped half-way is made re-runnable by looking first)."""
+    alter = _ALTER_TABLE.match(statement)
+    column = None if alter is None else alter["added"] or alter["dropped"]
+    if alter is None or column is None:
+        return None
+    return f"{alter['db']}.{alter['table']}", column, bool(alter["adds"])
 
 
 def created_tables(statement: str, cluster: str | None) -> list[str]:

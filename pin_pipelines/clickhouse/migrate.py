@@ -6,7 +6,9 @@ A migration file is never edited once it ran somewhere (the journal keeps its SH
 changed file is refused): a change to a table is a new file, and `sql/clickhouse/schema.sql` is
 edited beside it (a test holds the two equal). A database migrated before the journal existed
 gets its journal on the next run, which applies every file again: the first ones are
-`IF NOT EXISTS`, so that re-run finds every table in place. And every run makes the tables of
+`IF NOT EXISTS`, so that re-run finds every table in place. A migration that stopped half-way
+(not journaled) runs again: a column it added (dropped) already is looked for first, since 18.16
+has no `ADD COLUMN IF NOT EXISTS`. And every run makes the tables of
 the current definition that the server lacks (a replaced server's empty disk), from it.
 
 With a cluster (`PIN_CLICKHOUSE_CLUSTER`) each statement is applied in its cluster form
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseUnavailable
 from pin_pipelines.clickhouse.cluster import (
-    ClusterStatement,
+    column_change,
     created_tables,
     ddl_for_cluster,
     distributed_tables,
@@ -135,18 +137,19 @@ class _Applier:
             if not statement:  # nothing this server has (a setting it does not know)
                 return
         if self.cluster is None:
-            self.ch.command(statement)
+            if not _done(self.ch, column_change(statement)):
+                self.ch.command(statement)
             return
         for step in ddl_for_cluster(statement, self.cluster):
             if step.every_server:
                 for server in _servers(self.ch, self.cluster):
                     with server:
                         try:
-                            if not _done(server, step):
+                            if not _done(server, step.column):
                                 server.command(step.sql)
                         except ClickHouseUnavailable as exc:
                             self.unreached[server.location] = str(exc)
-            elif not _done(self.ch, step):
+            elif not _done(self.ch, step.column):
                 self._on_cluster(step.sql)
 
     def _on_cluster(self, ddl: str) -> None:
@@ -171,11 +174,12 @@ def _servers(ch: ClickHouse, cluster: str) -> list[ClickHouse]:
     return [ch.sibling(str(host), int(port)) for host, port in rows]
 
 
-def _done(ch: ClickHouse, step: ClusterStatement) -> bool:
-    """Whether the column `step` adds (drops) is there (gone) on the server already."""
-    if step.column is None:
+def _done(ch: ClickHouse, change: tuple[str, str, bool] | None) -> bool:
+    """Whether the column a statement adds (drops) is there (gone) on the server already
+    (`change`: cluster.column_change; None for a statement that is run each time)."""
+    if change is None:
         return False
-    table, column, present = step.column
+    table, column, present = change
     database, name = table.split(".")
     [(found,)] = ch.rows(
         "SELECT count() FROM system.columns "

@@ -137,3 +137,35 @@ def noted_rows(ch: ClickHouse) -> tuple[bool, int, int, str, bool]:
     )
     journaled = "0900_layout_group_note" in journal(ch)
     return journaled, int(rows), int(noted), str(engine), is_legacy_server(ch.server_version)
+
+
+def test_a_migration_that_stopped_half_way_runs_again_once_mended(
+    clickhouse: ClickHouse, tmp_path: Path
+) -> None:
+    """Tried: a new migration whose second statement fails (a column of its table that does not
+    exist) after its first added a column (ClickHouse DDL is not transactional). The migration
+    fails and is not in the journal; mended, it runs again: the column added already is not
+    added twice (18.16 has no ADD COLUMN IF NOT EXISTS: it is looked for first), and the
+    migration is journaled."""
+    table = f"pin_dev_stats.half_way_{uuid.uuid4().hex[:8]}"
+    version = f"0900_{table.split('.')[1]}"
+    first = f"ALTER TABLE {table} ADD COLUMN Note String DEFAULT 'none';\n"
+    broken = with_migration(
+        tmp_path / "broken", version, f"{first}ALTER TABLE {table} MODIFY COLUMN Nope String;\n"
+    )
+    mended = with_migration(
+        tmp_path / "mended", version, f"{first}ALTER TABLE {table} ADD COLUMN Tag String;\n"
+    )
+    clickhouse.command(f"CREATE TABLE {table} (Id UInt8) ENGINE = MergeTree() ORDER BY Id")
+    try:
+        with pytest.raises(PinError):
+            migrate_clickhouse(clickhouse, migrations=broken)
+        assert version not in journal(clickhouse)
+        assert migrate_clickhouse(clickhouse, migrations=mended) == [version]
+        columns = [row[0] for row in clickhouse.rows(f"DESCRIBE TABLE {table}")]
+        assert columns == ["Id", "Note", "Tag"]
+    finally:
+        clickhouse.command(f"DROP TABLE IF EXISTS {table}")
+        clickhouse.command(
+            f"ALTER TABLE pin_dev_stats.schema_migrations DELETE WHERE Version = '{version}'"
+        )

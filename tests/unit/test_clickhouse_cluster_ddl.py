@@ -7,6 +7,7 @@ import pytest
 
 from pin_pipelines.clickhouse.cluster import (
     ClusterStatement,
+    column_change,
     created_tables,
     ddl_for_cluster,
     distributed_tables,
@@ -111,6 +112,17 @@ def test_an_alter_changes_the_replicas_and_the_distributed_table_in_a_safe_order
             f"ALTER TABLE pin_dev_stats.dim_layout_group_local ON CLUSTER pin {setting}"
         )
     ]
+    guarded = ddl_for_cluster(f"{table} ADD COLUMN IF NOT EXISTS Note String", "pin")
+    assert [s.column for s in guarded] == [
+        ("pin_dev_stats.dim_layout_group_local", "Note", True),
+        ("pin_dev_stats.dim_layout_group", "Note", True),
+    ]
+    assert column_change(f"{table} DROP COLUMN IF EXISTS Note") == (
+        "pin_dev_stats.dim_layout_group",
+        "Note",
+        False,
+    )
+    assert column_change("CREATE DATABASE IF NOT EXISTS pin_dev_stats") is None
     modify = "MODIFY COLUMN Name String DEFAULT ''"
     assert [(s.every_server, s.column) for s in ddl_for_cluster(f"{table} {modify}", "pin")] == [
         (False, None),
