@@ -12,10 +12,12 @@ has no `ADD COLUMN IF NOT EXISTS`. And every run makes the tables of
 the current definition that the server lacks (a replaced server's empty disk), from it.
 
 With a cluster (`PIN_CLICKHOUSE_CLUSTER`) each statement is applied in its cluster form
-(cluster.py), `ON CLUSTER`: the journal too, so every server reads one journal. A statement that a
-server which is down cannot run stays in ZooKeeper's DDL queue and runs there when it is back;
-the migration sends every statement anyway (each waits DDL_TIMEOUT_SECONDS for the hosts),
-records the migration (the queue will run it), and then fails saying so.
+(cluster.py), `ON CLUSTER`: the journal too, so every server reads one journal. An ON CLUSTER
+statement that a server which is down cannot run stays in ZooKeeper's DDL queue and runs there
+when it is back; the migration sends every statement anyway (each waits DDL_TIMEOUT_SECONDS for
+the hosts), records the migration (the queue will run it), and then fails saying so. A statement
+run server by server (a Distributed table's ALTER) that does not reach a server leaves its
+migration out of the journal and fails naming the server: the next run completes it.
 """
 
 from __future__ import annotations
@@ -165,10 +167,11 @@ class _Applier:
 
 
 def _servers(ch: ClickHouse, cluster: str) -> list[ClickHouse]:
-    """A client of each server of `cluster`, with `ch`'s user, password and TLS."""
+    """A client of each server of `cluster`, with `ch`'s user, password and TLS, by the name
+    remote_servers gives it (what a server certificate names, rather than its address)."""
     rows = ch.rows(
-        "SELECT DISTINCT host_address, port FROM system.clusters WHERE cluster = %(cluster)s "
-        "ORDER BY host_address, port",
+        "SELECT DISTINCT host_name, port FROM system.clusters WHERE cluster = %(cluster)s "
+        "ORDER BY host_name, port",
         {"cluster": cluster},
     )
     return [ch.sibling(str(host), int(port)) for host, port in rows]

@@ -318,21 +318,37 @@ def test_a_server_with_an_empty_disk_gets_its_tables_from_the_current_definition
 def test_a_migration_with_a_server_down_is_completed_when_it_is_back(
     cluster: LocalClickHouseCluster, tmp_path: Path
 ) -> None:
-    """Tried: s1r2 stopped, then a new migration (a column added to the dimension, from a
-    temporary folder beside the shipped ones) run from s1r1 with a 2 s DDL timeout. The
-    replicas' ALTER, ON CLUSTER, waits its 2 s for s1r2 (not the client's 60 s receive timeout,
-    which would blame s1r1 as unreachable) and stays queued for it; the Distributed table's,
-    server by server, cannot reach s1r2. The migration fails in one line naming s1r2, and is not
-    in the journal. s1r2, started again, runs the queue (its replica gets the column); the
-    migration run again from s1r2 then completes it (what ran is not run twice: no "column
-    already exists"), its replica fetches what its shard holds, and a third run applies
-    nothing."""
-    migrations = with_migration(tmp_path / "migrations", "0900_layout_group_note", ADD_NOTE)
+    """Tried: s1r2 stopped, then two new migrations (from temporary folders beside the shipped
+    ones) run from s1r1 with a 2 s DDL timeout: a table created, then a column added to the
+    dimension. Each ON CLUSTER statement waits its 2 s for s1r2 (not the client's 60 s receive
+    timeout, which would blame s1r1 as unreachable) and stays queued for it: the first migration
+    fails in one line saying so, and is in the journal (the queue runs it). The second's
+    replicas' ALTER is queued so too, but the Distributed table's, server by server, cannot
+    reach s1r2: it fails in one line naming s1r2, and is not in the journal. s1r2, started
+    again, runs the queue (the table, and its replica's column); the migration run again from
+    s1r2 then completes the second (what ran is not run twice: no "column already exists"), its
+    replica fetches what its shard holds, and a third run applies nothing."""
+    created = with_migration(tmp_path / "created", "0899_probe", PROBE_TABLE)
+    migrations = with_migration(tmp_path / "migrations", "0899_probe", PROBE_TABLE)
+    (migrations / "0900_layout_group_note.sql").write_text(ADD_NOTE)
     s1r1, s1r2 = cluster.node("s1r1"), cluster.node("s1r2")
     with open_clickhouse(s1r1.url) as ch:
         insert_events(ch, [parse_event(json.dumps(Group().event(1)).encode()) for _ in range(10)])
     cluster_in_sync(cluster)
     s1r2.down()
+
+    started = time.monotonic()
+    with open_clickhouse(s1r1.url) as ch, pytest.raises(PinError) as caught:
+        migrate_clickhouse(ch, cluster.name, ddl_timeout=2, migrations=created)
+    message = str(caught.value)
+    assert time.monotonic() - started < 30
+    assert "\n" not in message and message.startswith(
+        f"2 ON CLUSTER statement(s) did not run on every server of {cluster.name} within 2 s; "
+        "they stay queued in ZooKeeper"
+    ), message
+    assert "Code: 159." in message and "distributed_ddl_task_timeout (=2)" in message
+    with open_clickhouse(s1r1.url) as ch:
+        assert "0899_probe" in journal(ch)
 
     started = time.monotonic()
     with open_clickhouse(s1r1.url) as ch, pytest.raises(PinError) as caught:
@@ -351,6 +367,7 @@ def test_a_migration_with_a_server_down_is_completed_when_it_is_back(
     s1r2.up()
     with open_clickhouse(s1r2.url) as ch:
         wait_until(lambda: note_columns(ch) >= 1, timeout=60, what="s1r2 running the queue")
+        assert ch.rows("EXISTS TABLE pin_dev_stats.probe_local") == [(1,)]
         assert migrate_clickhouse(ch, cluster.name, migrations=migrations) == [
             "0900_layout_group_note"
         ]
@@ -408,6 +425,11 @@ def test_a_column_is_added_on_the_cluster_while_the_loader_writes(
             )
         assert found == 2, node.replica.name
 
+
+#: A table as a later release would create it (its cluster form: two ON CLUSTER statements).
+PROBE_TABLE = """CREATE TABLE IF NOT EXISTS pin_dev_stats.probe (Id UInt8, Seen DateTime)
+ENGINE = ReplacingMergeTree(Seen) ORDER BY (Id);
+"""
 
 #: A column with a default, as a later release would add it (a second one: the module's cluster
 #: has the note already).

@@ -22,9 +22,17 @@ from tests.support.recalc import drain_due, outbox
 
 def test_the_relays_gate_requires_what_each_contract_requires(db: psycopg.Connection) -> None:
     """Tried: chessboard.outbox_topics, the topics the relay publishes and the fields it
-    requires of each payload (else a dead letter), against the contracts' `required`."""
-    gate = dict(db.execute("SELECT topic, required_fields FROM chessboard.outbox_topics"))
+    requires of each payload (else a dead letter), against the contracts' `required`. The
+    worker's database is shared by its modules, and some register a private topic of their
+    own (`pin.test.…`, a copy of a product topic's row, left there): every other topic is the
+    product's and has its contract."""
+    rows = db.execute("SELECT topic, required_fields FROM chessboard.outbox_topics")
+    gate = {topic: fields for topic, fields in rows if not topic.startswith(TEST_TOPICS)}
     assert gate == {topic: required_fields(topic) for topic in contract_topics()}
+
+
+#: The prefix of the topics tests register with the relay for themselves (loader_options).
+TEST_TOPICS = "pin.test."
 
 
 def test_the_payloads_the_drain_builds_keep_their_contracts(
