@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pin_pipelines.clickhouse.client import ClickHouse, ClickHouseUnavailable
 from pin_pipelines.clickhouse.cluster import (
+    LOCAL_SUFFIX,
     column_change,
     created_tables,
     ddl_for_cluster,
@@ -69,6 +70,11 @@ def migrate_clickhouse(
     if not _holds(ch, journal_ddl, cluster):  # an ON CLUSTER statement waits for every host
         for statement in journal_ddl:
             apply(statement)
+    if cluster is not None:
+        # A Distributed read prefers the server's own replica, which may not have fetched the
+        # journal's last rows yet (a server back from an outage): a migration read as not
+        # applied would run again (seen: a CREATE applied twice, harmless but misreported).
+        ch.command(f"SYSTEM SYNC REPLICA {JOURNAL_TABLE}{LOCAL_SUFFIX}")
     done = journal(ch)
     applied: list[str] = []
     for path in sorted(migrations.glob("*.sql")):

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -408,11 +412,42 @@ def live_reader(
 
 def dimension_versions(clickhouse_url: str, keys: Iterable[str]) -> dict[str, int]:
     """Each key's current SourceVersion in `pin_dev_stats.dim_layout_group` (the loader's own
-    argMax read, `dim.stored_versions`); absent keys are missing."""
+    argMax read, `dim.stored_versions`); absent keys are missing. chdb opens one folder per
+    process: an embedded folder that no owner answers for while this process holds another (an
+    earlier module of the worker left it the session's; a CI run failed so, reading between two
+    load runs) is read in a child process."""
+    from pin_pipelines.clickhouse import ClickHouseError
+
+    ids = sorted(str(uuid.UUID(key)) for key in keys)
+    try:
+        return _versions(clickhouse_url, ids)
+    except ClickHouseError as exc:
+        if "already has embedded ClickHouse open" not in str(exc):
+            raise
+    done = subprocess.run(
+        [sys.executable, "-c", _DIMENSION_VERSIONS, clickhouse_url, *ids],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads(done.stdout))
+
+
+def _versions(clickhouse_url: str, ids: list[str]) -> dict[str, int]:
     from pin_pipelines.clickhouse import open_clickhouse
     from pin_pipelines.devstats.dim import stored_versions
 
-    ids = {uuid.UUID(key) for key in keys}
     with open_clickhouse(clickhouse_url) as ch:
-        stored = stored_versions(ch, ids)
+        stored = stored_versions(ch, {uuid.UUID(key) for key in ids})
     return {str(uuid.UUID(int=gid)): version for gid, version in stored.items()}
+
+
+#: `dimension_versions`' child: `_versions` of argv's URL and keys, as JSON.
+_DIMENSION_VERSIONS = """
+import json, sys
+from tests.support.history import _versions
+print(json.dumps(_versions(sys.argv[1], sys.argv[2:])))
+"""
