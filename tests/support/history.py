@@ -28,16 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -46,6 +42,7 @@ from psycopg.types.json import Jsonb
 
 from pin_pipelines.kafka import client_config
 from pin_pipelines.relay import topic_end_offsets
+from tests.support.loaders import json_from_child
 
 #: Examples of each anomaly in a summary.
 SHOWN = 5
@@ -424,16 +421,7 @@ def dimension_versions(clickhouse_url: str, keys: Iterable[str]) -> dict[str, in
     except ClickHouseError as exc:
         if "already has embedded ClickHouse open" not in str(exc):
             raise
-    done = subprocess.run(
-        [sys.executable, "-c", _DIMENSION_VERSIONS, clickhouse_url, *ids],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return dict(json.loads(done.stdout))
+    return dict(json_from_child(_DIMENSION_VERSIONS, clickhouse_url, *ids))
 
 
 def _versions(clickhouse_url: str, ids: list[str]) -> dict[str, int]:

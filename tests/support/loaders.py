@@ -153,8 +153,15 @@ def stored_groups(clickhouse_url: str, developer: uuid.UUID) -> set[tuple[uuid.U
     embedded folder no loader holds any more can be opened in this process only while it holds
     no other folder, and under the parallel lanes an earlier module of the worker may hold the
     session's (`chdb_url`)."""
+    found = json_from_child(STORED_GROUPS, clickhouse_url, str(developer))
+    return {(uuid.UUID(gid), int(version)) for gid, version in found}
+
+
+def json_from_child(script: str, *args: str) -> Any:
+    """What `script`, run with `args` in a child Python with the repository on its path, printed
+    as JSON: a read of an embedded folder that this process cannot open (it holds another)."""
     done = subprocess.run(
-        [sys.executable, "-c", STORED_GROUPS, clickhouse_url, str(developer)],
+        [sys.executable, "-c", script, *args],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         capture_output=True,
         text=True,
@@ -162,4 +169,4 @@ def stored_groups(clickhouse_url: str, developer: uuid.UUID) -> set[tuple[uuid.U
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return {(uuid.UUID(gid), int(version)) for gid, version in json.loads(done.stdout)}
+    return json.loads(done.stdout)
