@@ -41,7 +41,14 @@ from pin_pipelines.migrate import migrate_all
 from pin_pipelines.relay import topic_end_offsets as end_offsets
 from pin_pipelines.stack.kafka_cluster import LocalKafkaCluster
 from pin_pipelines.stack.process import wait_until
-from tests.support.cli import PIN, assert_one_line_error, finish, load_summary, stop_all
+from tests.support.cli import (
+    PIN,
+    assert_one_line_error,
+    finish,
+    load_summary,
+    sample_until_done,
+    stop_all,
+)
 from tests.support.devstats import Group, coordinator, group_at_end, group_offsets, shares
 from tests.support.history import check, outbox_history, read_committed
 from tests.support.kafka_cluster import (
@@ -343,10 +350,12 @@ def test_loader_with_the_group_coordinator_killed_mid_cycle_ends_exact(
         samples.append(assert_committed_are_stored(cluster.bootstrap, developer, sent))
         kill_node(cluster, victim)
         go.touch()
-        while loader.poll() is None:
+
+        def sample() -> None:
             with contextlib.suppress(PinError):  # no sample while the coordinator moves
                 samples.append(assert_committed_are_stored(cluster.bootstrap, developer, sent))
-        first = finish(loader, timeout=120)
+
+        first = sample_until_done(loader, sample, timeout=120)
     finally:
         stop_all(loader)
         restore(cluster)

@@ -278,6 +278,7 @@ def test_a_backlog_a_failing_recalc_a_poison_row_and_a_stopped_relay_page_and_re
     with failing_recalc(db, bad, "aggregate write failed"):
         for _ in range(5):  # poison_attempts
             drain_due(settings.pg_dsn, db)
+    failed = time.time()  # the last failed run
     attempts = db.execute(
         "SELECT attempt_count FROM chessboard.project_recalc_requests WHERE project_id = %s", (bad,)
     ).fetchone()
@@ -296,7 +297,9 @@ def test_a_backlog_a_failing_recalc_a_poison_row_and_a_stopped_relay_page_and_re
     requeue_poisoned(settings.pg_dsn, bad)  # the data is fixed: the failing trigger is gone
     assert drain_due(settings.pg_dsn, db).results
     resolves(paging, "CHESSBOARD_RECALC_POISON", after=fixed, within=2)
-    resolves(paging, "CHESSBOARD_RECALC_ERRORS", after=fixed, within=8)
+    # The errors resolve once their 8 s window holds no failed run, counted from the last one: on
+    # a loaded machine that is before the poison is fixed (a CI run waited for it after the fix).
+    resolves(paging, "CHESSBOARD_RECALC_ERRORS", after=failed, within=failed + 8 - time.time())
 
 
 def test_an_exporter_that_cannot_read_postgresql_pages_and_recovers(

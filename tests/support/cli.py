@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,23 @@ def finish(process: subprocess.Popen[str], timeout: float) -> subprocess.Complet
             f"{process.args!r:.80} still running {timeout:.0f}s later; stderr: {err[-600:]!r}"
         ) from None
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def sample_until_done(
+    process: subprocess.Popen[str], sample: Callable[[], object], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Call `sample` again and again while `process` runs, reading its pipes meanwhile (a process
+    whose unread stderr fills its pipe blocks, and a loop on `poll()` alone would wait for it
+    forever); like `finish`, a process that outlives `timeout` is killed and reported hung."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:  # communicate() may be called again after its timeout without losing output
+            out, err = process.communicate(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            sample()
+            continue
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return finish(process, timeout=0)
 
 
 def load_summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
