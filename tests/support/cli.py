@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 PIN = str(Path(sys.executable).with_name("pin"))
 
@@ -49,11 +49,7 @@ def finish(process: subprocess.Popen[str], timeout: float) -> subprocess.Complet
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        raise AssertionError(
-            f"{process.args!r:.80} still running {timeout:.0f}s later; stderr: {err[-600:]!r}"
-        ) from None
+        _hung(process, timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
@@ -71,7 +67,15 @@ def sample_until_done(
             sample()
             continue
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    return finish(process, timeout=0)
+    _hung(process, timeout)
+
+
+def _hung(process: subprocess.Popen[str], timeout: float) -> NoReturn:
+    process.kill()
+    _, err = process.communicate()
+    raise AssertionError(
+        f"{process.args!r:.80} still running {timeout:.0f}s later; stderr: {err[-600:]!r}"
+    ) from None
 
 
 def load_summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
