@@ -358,8 +358,16 @@ def test_a_migration_with_a_server_down_is_completed_when_it_is_back(
 
     s1r2.up()
     with open_clickhouse(s1r2.url) as ch:
-        wait_until(lambda: note_columns(ch) >= 1, timeout=60, what="s1r2 running the queue")
-        assert ch.rows("EXISTS TABLE pin_dev_stats.probe_local") == [(1,)]
+        # The queued CREATE, and the column: the replica may take the column from its shard's
+        # replication log before its DDL worker runs the queue (a CI run saw it so).
+        wait_until(
+            lambda: (
+                ch.rows("EXISTS TABLE pin_dev_stats.probe_local") == [(1,)]
+                and note_columns(ch) >= 1
+            ),
+            timeout=60,
+            what="s1r2 running the queue",
+        )
         assert migrate_clickhouse(ch, cluster.name, migrations=migrations) == [
             "0900_layout_group_note"
         ]
