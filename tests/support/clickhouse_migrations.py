@@ -56,6 +56,15 @@ def migrate_while_loading(
         loader = start("loader")
         for wave, new in enumerate((range(1, 4), range(4, 8), range(8, 11))):
             produce_events(bootstrap, options.topic, [g.event(v) for v in new for g in groups])
+            if wave == 0:
+                # The loader owns an embedded folder once it has loaded: a client opened before
+                # that would open the folder itself, which this process may not (it may hold
+                # another folder; a CI run failed so).
+                wait_for(
+                    "the first wave loaded",
+                    lambda: versions(url, groups) == {g.id: 3 for g in groups},
+                    120,
+                )
             if wave == 1:
                 with open_clickhouse(url) as ch:
                     applied = migrate_clickhouse(ch, cluster, migrations=migrations)
