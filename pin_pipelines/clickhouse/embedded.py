@@ -38,6 +38,9 @@ _OTHER_FOLDER = re.compile(r"already initialized with path '([^']*)'")
 #: How long an owner waits for a folder that a process serving nothing has open (a reader that
 #: came while no owner ran: seconds), and anyone for an owner that is starting or handing over.
 OPEN_WAIT = 60.0
+#: How many times an owner tries a folder that chdb would not open without saying why (see
+#: _become_owner); a folder that cannot be opened fails this many times in a row, at once.
+UNEXPLAINED_OPEN_TRIES = 5
 
 
 class EmbeddedClickHouse(ClickHouse):
@@ -225,13 +228,26 @@ class EmbeddedClickHouse(ClickHouse):
 
     def _become_owner(self, lock: int, deadline: float) -> None:
         """Wait for the folder (a reader may have opened it while no owner ran: it holds it for
-        its statement), open it, serve it."""
+        its statement), open it, serve it.
+
+        A reader that opened the folder before this process took the owner lock, and closed it
+        again before the failed open was looked at, leaves an error that does not say it was
+        busy (chdb prints its lock error to stderr and raises a bare "Error initializing"): a
+        CI run's loader ended so, started while its test read the folder. That moment does not
+        come back once the lock is held (readers then wait for the socket), so such an error
+        is tried again a few times; one that repeats is the folder's own and ends the start."""
+        unexplained = 0
         try:
             while self._session is None:
                 try:
                     self._open_session()
                 except ClickHouseUnavailable:  # busy: a reader that came while no owner ran
                     if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+                except _UnexplainedOpenError:
+                    unexplained += 1
+                    if unexplained >= UNEXPLAINED_OPEN_TRIES or time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
             try:
@@ -343,7 +359,11 @@ def _open_error(folder: Path, exc: RuntimeError) -> ClickHouseError | ClickHouse
             f"this process already has embedded ClickHouse open at {other.group(1)}; chdb serves "
             f"one folder per process, so {folder} cannot be opened until that one is closed"
         )
-    return ClickHouseError(f"cannot open embedded ClickHouse at {folder}: {exc}")
+    return _UnexplainedOpenError(f"cannot open embedded ClickHouse at {folder}: {exc}")
+
+
+class _UnexplainedOpenError(ClickHouseError):
+    """chdb would not open the folder, and nothing says it was busy (see _become_owner)."""
 
 
 def _converter(ch_type: str) -> Callable[[Any], Any]:

@@ -42,6 +42,10 @@ class OutboxListener:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self._conn: psycopg.Connection | None = None
+        #: The session's socket, registered once: poll, not select, which refuses a descriptor
+        #: numbered 1024 or more (a CI run's relay, in a process holding many, failed so).
+        self._readable = select.poll()
+        self._socket: int | None = None
         self._listen_again_at = 0.0
 
     def __enter__(self) -> OutboxListener:
@@ -51,6 +55,9 @@ class OutboxListener:
         self.close()
 
     def close(self) -> None:
+        if self._socket is not None:
+            self._readable.unregister(self._socket)
+            self._socket = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -68,6 +75,8 @@ class OutboxListener:
         except psycopg.Error:
             conn.close()
             return False
+        self._socket = conn.fileno()
+        self._readable.register(self._socket, select.POLLIN)
         self._conn = conn
         return True
 
@@ -82,9 +91,9 @@ class OutboxListener:
             time.sleep(seconds)
             return False
         try:
-            # select on the socket, then read: psycopg's notifies(timeout=…) costs six times
-            # the CPU of a select per call, and an idle relay makes twenty a second.
-            if not select.select([conn.fileno()], [], [], seconds)[0]:
+            # poll the socket, then read: psycopg's notifies(timeout=…) costs six times the CPU
+            # of a poll per call, and an idle relay makes twenty a second.
+            if not self._readable.poll(seconds * 1000):
                 return False
             if not list(conn.notifies(timeout=0)):
                 return False  # not a notification (yet): a closed session raises next time

@@ -1,13 +1,16 @@
 """The embedded ClickHouse folder's owner and its readers (pin_pipelines/clickhouse/embedded.py):
-a reader that looks for an owner just before one takes the folder waits for it to answer.
+a reader that looks for an owner just before one takes the folder waits for it to answer, and an
+owner that starts while a reader has the folder open waits for the reader.
 
-Real chdb in a process of its own, the owner; the reader is this process.
+Real chdb in processes of their own (this process may hold another folder: chdb opens one per
+process); the first test's reader is this process.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,34 @@ from pin_pipelines.clickhouse.embedded import EmbeddedClickHouse
 ch = EmbeddedClickHouse(Path(sys.argv[1]), serve=True)
 print("serving" if ch.serving else "not serving", flush=True)
 sys.stdin.read()
+ch.close()
+"""
+
+
+#: A process that opens the folder itself (no owner runs), says so, and holds it until its stdin
+#: is closed.
+READER = """
+import sys
+from pathlib import Path
+from pin_pipelines.clickhouse.embedded import EmbeddedClickHouse
+ch = EmbeddedClickHouse(Path(sys.argv[1]))
+print("open" if ch.rows("SELECT 1") == [(1,)] and not ch.serving else "not open", flush=True)
+sys.stdin.read()
+ch.close()
+"""
+#: A process that takes the folder as its owner, its first three looks at who has the folder
+#: open answering "nobody" (the reader below had just closed it, as in the CI run).
+OWNER_AFTER_A_READER = """
+import sys
+from pathlib import Path
+from pin_pipelines.clickhouse import embedded
+real, looks = embedded._holder, []
+def holder(folder):
+    looks.append(folder)
+    return embedded._FREE if len(looks) <= 3 else real(folder)
+embedded._holder = holder
+ch = embedded.EmbeddedClickHouse(Path(sys.argv[1]), serve=True)
+print("serving" if ch.serving and ch.rows("SELECT 1") == [(1,)] else "not serving", flush=True)
 ch.close()
 """
 
@@ -78,3 +109,43 @@ def test_a_reader_that_looked_before_an_owner_took_the_folder_waits_for_it(
         assert not reader.serving
     finally:
         reader.close()
+
+
+def test_an_owner_that_found_the_folder_taken_by_a_reader_without_a_reason_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """Tried: the interleaving a CI run's continuous loader met, started while its test read
+    the folder: the reader opened the folder before the owner took the owner lock, the owner's
+    open failed, and by the time the owner looked who held the folder the reader had closed
+    it, so chdb's bare "Error initializing EmbeddedServer" was all it had. A reader process
+    holds the folder for a second; the owner's looks at the holder answer "nobody" at those
+    moments. Before, the owner ended with "cannot open embedded ClickHouse at …"; now it
+    tries again, waits for the reader and serves the folder."""
+    folder = tmp_path / "chdb"
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdin is not None and reader.stdout is not None
+    owner_process: subprocess.Popen[str] | None = None
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        owner_process = subprocess.Popen(
+            [sys.executable, "-c", OWNER_AFTER_A_READER, str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.0)  # the owner meets the reader's folder
+        reader.stdin.close()
+        assert reader.wait(timeout=30) == 0
+        out, err = owner_process.communicate(timeout=60)
+    finally:
+        for process in (reader, owner_process):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    assert owner_process is not None and owner_process.returncode == 0, err[-2000:]
+    assert out.strip() == "serving"

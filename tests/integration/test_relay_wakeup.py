@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ from psycopg.types.json import Jsonb
 from pin_pipelines.db import connect
 from pin_pipelines.kafka import TOPIC_LAYOUT, TOPIC_PROJECT
 from pin_pipelines.relay import topic_end_offsets as end_offsets
+from pin_pipelines.relay.listener import OutboxListener
 from tests.support.cli import PIN, finish, load_summary
 from tests.support.outbox import TOPICS, insert, outbox_count, payload
 from tests.support.relay import consume
@@ -33,6 +35,9 @@ RELAYED_SECONDS = 40.0
 #: listening session in pg_stat_activity.
 CHANNEL = "chessboard_outbox_events"
 LISTENER = "pin-outbox-listener"
+#: A descriptor number that select() refuses (FD_SETSIZE): a long-lived process holding many
+#: (a run worker beside its clients, a test worker) gives the listener's socket one above it.
+FD_SETSIZE = 1024
 
 
 @contextmanager
@@ -162,3 +167,38 @@ def test_a_lost_notification_is_caught_by_the_backstop_and_the_relay_listens_aga
     assert sorted(k for _, k, _ in consume(kafka_bootstrap, start, {silent, after})) == sorted(
         [silent, after]
     )
+
+
+@contextmanager
+def descriptors_taken_below(number: int) -> Iterator[None]:
+    """Every free descriptor below `number` taken (the soft limit raised to allow it), so the
+    next one opened is numbered `number` or more; given back at the end."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, number + 64), hard))
+    taken: list[int] = []
+    try:
+        with open(os.devnull) as null:  # open until the end: its descriptor is one of them
+            while (fd := os.dup(null.fileno())) < number:
+                taken.append(fd)
+            os.close(fd)
+            yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_listener_whose_socket_is_numbered_above_select_s_limit_is_woken(
+    outbox: psycopg.Connection, pg_dsn: str
+) -> None:
+    """Tried: the relay's listener opened in a process whose descriptors below 1,024 are all
+    taken, then an event committed. Before, its wait failed "filedescriptor out of range in
+    select()" (a CI run's relay job, run in a test worker that held many, failed so); now the
+    commit wakes it."""
+    with descriptors_taken_below(FD_SETSIZE), OutboxListener(pg_dsn) as listener:
+        assert listener.listen()
+        assert listener._conn is not None and listener._conn.fileno() >= FD_SETSIZE
+        assert not listener.wait(0.2)  # nothing committed: the wait times out
+        key = str(uuid.uuid4())
+        insert(outbox, [(TOPIC_LAYOUT, key, payload(TOPIC_LAYOUT, key, 1))])
+        assert listener.wait(RELAYED_SECONDS)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pin_pipelines.clickhouse import ClickHouseError, open_clickhouse
+from pin_pipelines.clickhouse import open_clickhouse, owner, parse_clickhouse_url
 from pin_pipelines.devstats.dim import stored_versions
 from pin_pipelines.devstats.loader import LoadOptions
 from tests.support.devstats import Group
@@ -111,21 +111,27 @@ def loader_env(
 def versions(clickhouse_url: str, groups: list[Group]) -> dict[uuid.UUID, int]:
     """The stored (argMax) version of each group that has one; a client opened for this read.
 
-    This process may hold the session's own chdb folder (another module's fixture), and chdb
-    opens one folder per process: it then reads only through a loader that owns the folder, and
-    waits (up to 60 s) while none does (one starting, or the milliseconds of a hand-over)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with open_clickhouse(clickhouse_url) as ch:
-                found = stored_versions(ch, [g.id for g in groups])
-        except ClickHouseError as exc:
-            if "already has embedded ClickHouse open" not in str(exc):
-                raise
-            assert time.monotonic() < deadline, exc
-            time.sleep(0.05)
-        else:
-            return {g.id: found[g.id.int] for g in groups if g.id.int in found}
+    An embedded folder is read only through the loader that owns it, waiting (up to 60 s)
+    while none answers (one starting, or the milliseconds of a hand-over). Opened here instead,
+    the folder would be taken from a loader that is starting, and a worker that holds another
+    folder (another module's) cannot open it: chdb opens one folder per process. Each open and
+    close also leaves chdb threads and their descriptors behind in this process (a CI worker
+    polling so ran out of select()'s 1,024)."""
+    target = parse_clickhouse_url(clickhouse_url)
+    if isinstance(target, Path):
+        wait_for_an_owner(target, 60)
+    with open_clickhouse(clickhouse_url) as ch:
+        found = stored_versions(ch, [g.id for g in groups])
+    return {g.id: found[g.id.int] for g in groups if g.id.int in found}
+
+
+def wait_for_an_owner(folder: Path, timeout: float) -> None:
+    """Until a process owns the embedded folder and answers on its socket."""
+    deadline = time.monotonic() + timeout
+    while (conn := owner.connect(folder)) is None:
+        assert time.monotonic() < deadline, f"no loader owns {folder} within {timeout:g}s"
+        time.sleep(0.05)
+    conn.close()
 
 
 def wait_for(what: str, done: Callable[[], bool], timeout: float) -> float:
