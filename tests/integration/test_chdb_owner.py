@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +60,35 @@ ch.close()
 """
 
 
-@pytest.fixture
-def owning_process(tmp_path: Path) -> Iterator[Path]:
-    """A process that owns the folder `tmp_path/chdb` and answers on its socket."""
-    folder = tmp_path / "chdb"
+@contextmanager
+def holding_process(script: str, folder: Path, says: str) -> Iterator[subprocess.Popen[str]]:
+    """A process running `script` on `folder`, once it printed `says`; it holds the folder until
+    its stdin is closed (here at the latest), and is killed if it does not end then."""
     process = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(folder)],
+        [sys.executable, "-c", script, str(folder)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert process.stdin is not None and process.stdout is not None
     try:
-        assert process.stdout.readline().strip() == "serving"
-        yield folder
+        assert process.stdout.readline().strip() == says
+        yield process
     finally:
         process.stdin.close()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.fixture
+def owning_process(tmp_path: Path) -> Iterator[Path]:
+    """A process that owns the folder `tmp_path/chdb` and answers on its socket."""
+    folder = tmp_path / "chdb"
+    with holding_process(OWNER, folder, "serving"):
+        yield folder
 
 
 def _first_call(returns: Any, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,30 +135,22 @@ def test_an_owner_that_found_the_folder_taken_by_a_reader_without_a_reason_waits
     moments. Before, the owner ended with "cannot open embedded ClickHouse at …"; now it
     tries again, waits for the reader and serves the folder."""
     folder = tmp_path / "chdb"
-    reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(folder)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert reader.stdin is not None and reader.stdout is not None
-    owner_process: subprocess.Popen[str] | None = None
-    try:
-        assert reader.stdout.readline().strip() == "open"
+    with holding_process(READER, folder, "open") as reader:
         owner_process = subprocess.Popen(
             [sys.executable, "-c", OWNER_AFTER_A_READER, str(folder)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1.0)  # the owner meets the reader's folder
-        reader.stdin.close()
-        assert reader.wait(timeout=30) == 0
-        out, err = owner_process.communicate(timeout=60)
-    finally:
-        for process in (reader, owner_process):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
-    assert owner_process is not None and owner_process.returncode == 0, err[-2000:]
+        try:
+            time.sleep(1.0)  # the owner meets the reader's folder
+            assert reader.stdin is not None
+            reader.stdin.close()
+            assert reader.wait(timeout=30) == 0
+            out, err = owner_process.communicate(timeout=60)
+        finally:
+            if owner_process.poll() is None:
+                owner_process.kill()
+                owner_process.wait(timeout=30)
+    assert owner_process.returncode == 0, err[-2000:]
     assert out.strip() == "serving"

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -91,41 +91,46 @@ def runs(
 
 
 def run_worker_pids(instance: dg.DagsterInstance, record: dg.RunRecord) -> set[int]:
-    """The run worker's pid, from the run's "Started process for run (pid: …)" engine event."""
+    """The run worker's pid, from the run's "Started process for run (pid: …)" engine event
+    (Dagster writes the pid as text: read as an int, none was ever found, and a CI run failed
+    on a hand-over's worker)."""
     pids = set()
     for entry in instance.all_logs(
         record.dagster_run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT
     ):
         data = entry.dagster_event.engine_event_data if entry.dagster_event else None
         pid = data.metadata.get("pid") if data else None
-        if pid is not None and isinstance(pid.value, int):
-            pids.add(pid.value)
+        if pid is not None and str(pid.value).isdigit():
+            pids.add(int(str(pid.value)))
     return pids
 
 
-def explained_by_runs(instance: dg.DagsterInstance, since: datetime) -> set[int]:
-    """The worker pids of the runs launched since `since` that may start a process at rest: a
-    long run's hand-over, and a schedule's run (the check schedules start a run worker every 5
-    minutes: not at rest, and the lean defaults' part of issue 48, not the code server's). A
-    launch updates its run, hence `updated_after`. Waits until each of those runs has reported
-    its worker's pid or ended: a hand-over launched in the window's last seconds has a worker
-    before it has reported it (a CI run's window saw such a worker and no pid for it)."""
-    records = list(instance.get_run_records(dg.RunsFilter(updated_after=since)))
-    wait_until(
-        lambda: all(
-            run_worker_pids(instance, record) or finished(instance, record.dagster_run.run_id)
-            for record in records
-        ),
-        timeout=PID_REPORTED_SECONDS,
-        what="the pids of the runs launched in the window",
-    )
+def run_workers(instance: dg.DagsterInstance) -> dict[int, dg.DagsterRun]:
+    """The run of each run worker the instance's runs reported (by its pid engine event), once
+    every run launched by now has reported its worker: a run launched in the window's last
+    seconds has a worker before it has reported it."""
+
+    def unreported() -> list[str]:
+        launching = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING])
+        return [
+            record.dagster_run.run_id
+            for record in instance.get_run_records(launching)
+            if not run_worker_pids(instance, record)
+        ]
+
+    wait_until(lambda: not unreported(), timeout=PID_REPORTED_SECONDS, what="the runs' pids")
     return {
-        pid
-        for record in records
-        if record.dagster_run.job_name in LONG_RUN_JOBS
-        or SCHEDULE_NAME_TAG in record.dagster_run.tags
+        pid: record.dagster_run
+        for record in instance.get_run_records()
         for pid in run_worker_pids(instance, record)
     }
+
+
+def at_rest_anyway(run: dg.DagsterRun) -> bool:
+    """A run that may start a process at rest: a long run's hand-over, and a schedule's run
+    (the check schedules start a run worker every 5 minutes: not at rest, and the lean
+    defaults' part of issue 48, not the code server's)."""
+    return run.job_name in LONG_RUN_JOBS or SCHEDULE_NAME_TAG in run.tags
 
 
 def finished(instance: dg.DagsterInstance, run_id: str) -> bool:
@@ -190,7 +195,6 @@ def test_at_rest_nothing_is_started_and_the_daemon_and_the_webserver_share_one_c
             logfile=log,
         )
         time.sleep(SETTLE_SECONDS)
-        begin = datetime.now(UTC)
         before = session_table(serve.pid)
         seen = dict(before)
         servers: set[int] = set(code_servers(serve.pid))
@@ -200,17 +204,22 @@ def test_at_rest_nothing_is_started_and_the_daemon_and_the_webserver_share_one_c
             seen.update({pid: row for pid, row in now.items() if pid not in seen})
             servers |= {pid for pid, (_, command) in now.items() if " api grpc " in command}
             time.sleep(0.2)
-        explained = explained_by_runs(instance, since=begin - timedelta(seconds=5))
+        workers = run_workers(instance)
         started = {pid: row for pid, row in seen.items() if pid not in before}
 
-        def of_a_run(pid: int) -> bool:
+        def run_of(pid: int) -> dg.DagsterRun | None:
+            """The run whose worker is `pid` or one of its ancestors."""
             while pid in seen:
-                if pid in explained:
-                    return True
+                if pid in workers:
+                    return workers[pid]
                 pid = seen[pid][0]
-            return False
+            return None
 
-        unexplained = {pid: command for pid, (_, command) in started.items() if not of_a_run(pid)}
+        unexplained = {
+            pid: (command[:120], run.job_name if run else None)
+            for pid, (_, command) in started.items()
+            if not ((run := run_of(pid)) and at_rest_anyway(run))
+        }
         port = {
             json.loads(record.dagster_run.tags[GRPC_INFO_TAG]).get("port")
             for job in LONG_RUN_JOBS
