@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
@@ -35,6 +35,7 @@ from pin_pipelines.reconcile import repair_dim
 from pin_pipelines.reconcile.dimension import DimDrift
 from pin_pipelines.relay import events_beyond_source
 from pin_pipelines.relay.outbox import relay_once
+from pin_pipelines.stack.kafka import LocalKafka
 from pin_pipelines.stack.process import free_port
 from tests.support.alerting import (
     Notice,
@@ -110,11 +111,16 @@ class Paging:
 
 @pytest.fixture(scope="module")
 def paging(
-    pg_dsn: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+    pg_dsn: str, kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Paging]:
     """Receiver, Alertmanager, Prometheus and `pin metrics serve` (as a role of its own, so a
     test can take its PostgreSQL away), with the loader's group caught up and the scheduler
-    beating: nothing fires at the start."""
+    beating: nothing fires at the start.
+
+    The loader's alerts are measured on the session's private broker (`kafka`): on the shared
+    one, another worker's `pin serve` runs a load in the loader's group and loads what the
+    stalled loader's test leaves unloaded (a CI run's SLA breach never fired so)."""
+    kafka_bootstrap = kafka.settings.kafka_bootstrap
     workdir = tmp_path_factory.mktemp("paging")
     role = f"pin_paging_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -126,7 +132,11 @@ def paging(
     beater = Beater(pg_dsn, threading.Event())
     beater.start()
     exporter_port = free_port()
-    exporter = start_pin(_as_role(pg_dsn, role), "metrics", "serve", "--port", str(exporter_port))
+    exporter = start_pin(
+        _as_role(pg_dsn, role),
+        *("metrics", "serve", "--port", str(exporter_port)),
+        env={"PIN_KAFKA_BOOTSTRAP": kafka_bootstrap},
+    )
     try:
         with (
             webhook_receiver() as receiver,
@@ -222,12 +232,15 @@ def test_a_dead_scheduler_pages_within_30_s_of_its_second_missed_tick_on_an_empt
 
 
 def test_the_loader_stalled_warns_before_the_freshness_sla_breaks_and_dead_letters_page(
-    paging: Paging, settings: Settings, kafka_bootstrap: str
+    paging: Paging, settings: Settings, kafka: LocalKafka
 ) -> None:
     """Events arrive and no loader runs (a group without partitions looks the same: nothing is
     committed). DEVSTATS_LOADER_STALLED and the freshness warning fire before the SLA breach
     does; a load then catches up (one event is unreadable: the DLQ) and they resolve, while
-    DEVSTATS_LOADER_DEAD_LETTERS fires and resolves after its window."""
+    DEVSTATS_LOADER_DEAD_LETTERS fires and resolves after its window. On the private broker
+    that the exporter measures (see `paging`)."""
+    kafka_bootstrap = kafka.settings.kafka_bootstrap
+    settings = replace(settings, kafka_bootstrap=kafka_bootstrap)
     group = Group()
     caused = time.time()
     produce_events(kafka_bootstrap, TOPIC_LAYOUT_GROUP, [group.event(v) for v in (1, 2, 3)])

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -297,12 +297,12 @@ def pin_env(dsn: str) -> dict[str, str]:
     return {**os.environ, "PIN_PG_DSN": dsn}
 
 
-def start_pin(dsn: str, *args: str) -> subprocess.Popen[str]:
-    """A real `pin` process (its own interpreter and connections)."""
+def start_pin(dsn: str, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """A real `pin` process (its own interpreter and connections); `env` adds settings."""
     return subprocess.Popen(
         [PIN, *args],
         cwd=REPO_ROOT,
-        env=pin_env(dsn),
+        env={**pin_env(dsn), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
